@@ -1,0 +1,41 @@
+# Every target creates the virtualenv first if it is missing.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: help venv demo test test-unit lint services clean
+
+help:
+	@echo "make demo      run the demo against the local RabbitMQ and PostgreSQL"
+	@echo "make test      the whole test suite (unit, integration, acceptance, drills)"
+	@echo "make test-unit only the tests that need no services"
+	@echo "make lint      ruff and mypy --strict"
+	@echo "make services  start RabbitMQ and PostgreSQL with Docker (docker-compose.yml)"
+
+$(BIN)/rabbitretry: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+venv: $(BIN)/rabbitretry
+
+demo: venv
+	$(BIN)/python -m examples.demo
+
+test: venv
+	$(BIN)/python -m pytest
+
+test-unit: venv
+	$(BIN)/python -m pytest tests/unit
+
+lint: venv
+	$(BIN)/ruff check rabbitretry tests examples
+	$(BIN)/ruff format --check rabbitretry tests examples
+	$(BIN)/mypy
+
+services:
+	docker compose up -d --wait
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -1,0 +1,197 @@
+"""The one module that talks to aio-pika's connections and channels.
+
+Consuming and publishing use separate connections: a broker under a memory or disk alarm
+blocks publishing connections, and the acks sent on them, so a publisher must never share a
+connection with consumers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Literal
+
+import aio_pika
+import aiormq
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractIncomingMessage,
+    AbstractRobustConnection,
+    DeliveryMode,
+)
+
+from rabbitretry.errors import PublishError, ServiceUnavailable, TopologyError, UnroutableError
+from rabbitretry.settings import mask_url
+
+IncomingMessage = AbstractIncomingMessage
+Channel = AbstractChannel
+Connection = AbstractRobustConnection
+
+# Headers the broker writes when it dead-letters a message. A copy republished with them is
+# silently dropped as a dead-letter cycle on its second pass through the delay ladder.
+BROKER_HEADERS = ("x-death", "x-first-death-", "x-last-death-", "x-delivery-count")
+
+CHANNEL_ERRORS = (
+    aiormq.exceptions.AMQPError,
+    aio_pika.exceptions.AMQPException,
+    ConnectionError,
+    asyncio.TimeoutError,
+)
+
+
+async def connect(url: str, *, name: str = "rabbitretry") -> Connection:
+    """A robust connection (it reconnects and restores channels); a clear error if none."""
+    try:
+        return await aio_pika.connect_robust(
+            url, client_properties={"connection_name": name}, timeout=10
+        )
+    except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as error:
+        raise ServiceUnavailable(
+            f"cannot connect to RabbitMQ at {mask_url(url)}: {error or type(error).__name__}. "
+            "Is the broker running, and is RABBITRETRY_AMQP_URL right?"
+        ) from error
+
+
+ProbeOutcome = Literal["ok", "not-found", "precondition-failed"]
+
+
+class Prober:
+    """Runs declarations that the broker may refuse, on a plain (non-robust) channel.
+
+    A 404 or 406 closes the channel it happened on; a robust channel would reopen itself and
+    remember the declaration for later restores, so probes use a plain one and open a fresh one
+    after each refusal. Any other refusal is a :class:`TopologyError`, a lost connection a
+    :class:`ServiceUnavailable`.
+    """
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._channel: Channel | None = None
+
+    async def channel(self) -> Channel:
+        if self._channel is None or self._channel.is_closed:
+            await asyncio.wait_for(self._connection.ready(), timeout=30)  # if reconnecting
+            channel = aio_pika.Channel(self._connection, publisher_confirms=False)
+            await channel.initialize()
+            self._channel = channel
+        return self._channel
+
+    async def attempt(
+        self, action: Callable[[Channel], Awaitable[object]]
+    ) -> tuple[ProbeOutcome, str]:
+        """Run ``action``: the outcome and, for a refusal, the broker's reply text."""
+        try:
+            await action(await self.channel())
+        except aiormq.exceptions.ChannelNotFoundEntity as error:
+            return "not-found", str(error)
+        except aiormq.exceptions.ChannelPreconditionFailed as error:
+            return "precondition-failed", str(error)
+        except aiormq.exceptions.ChannelClosed as error:
+            raise TopologyError(f"RabbitMQ refused: {error}") from error
+        except (*CHANNEL_ERRORS, aiormq.exceptions.ChannelInvalidStateError) as error:
+            raise ServiceUnavailable(
+                f"lost the connection to RabbitMQ: {error or type(error).__name__}"
+            ) from error
+        return "ok", ""
+
+    async def close(self) -> None:
+        if self._channel is not None and not self._channel.is_closed:
+            await self._channel.close()
+        self._channel = None
+
+    async def __aenter__(self) -> Prober:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+def without_broker_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {
+        key: value for key, value in (headers or {}).items() if not key.startswith(BROKER_HEADERS)
+    }
+
+
+class ConfirmingPublisher:
+    """Publishes on one confirming channel: persistent, mandatory, and raises on any loss.
+
+    aio-pika returns quietly when a mandatory message comes back unroutable; here that is an
+    :class:`UnroutableError`, and a broker nack or a lost channel is a :class:`PublishError`.
+    """
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+
+    @classmethod
+    async def open(cls, connection: Connection) -> ConfirmingPublisher:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        return cls(channel)
+
+    async def publish(
+        self,
+        body: bytes,
+        *,
+        routing_key: str,
+        exchange: str = "",
+        message_id: str,
+        headers: Mapping[str, Any] | None = None,
+        properties: Mapping[str, Any] | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        props = dict(properties or {})
+        props.pop("expiration", None)  # a copy must never expire on its way
+        message = aio_pika.Message(
+            body,
+            headers=dict(headers or {}),
+            message_id=message_id,
+            delivery_mode=DeliveryMode.PERSISTENT,
+            **props,
+        )
+        try:
+            target = (
+                self._channel.default_exchange
+                if exchange == ""
+                else await self._channel.get_exchange(exchange, ensure=False)
+            )
+            await target.publish(message, routing_key=routing_key, mandatory=True, timeout=timeout)
+        except aio_pika.exceptions.PublishError as error:
+            raise UnroutableError(
+                f"no queue is bound for exchange {exchange or '(default)'!r} "
+                f"with routing key {routing_key!r}"
+            ) from error
+        except aio_pika.exceptions.DeliveryError as error:
+            raise PublishError(f"the broker refused message {message_id!r}: {error}") from error
+        except CHANNEL_ERRORS as error:
+            raise PublishError(
+                f"publishing message {message_id!r} failed: {error or type(error).__name__}"
+            ) from error
+
+    async def close(self) -> None:
+        if not self._channel.is_closed:
+            await self._channel.close()
+
+
+def message_properties(message: IncomingMessage) -> dict[str, Any]:
+    """The AMQP properties worth keeping in the ledger snapshot and on republished copies."""
+    names = ("content_type", "content_encoding", "correlation_id", "type", "app_id", "priority")
+    props: dict[str, Any] = {
+        name: getattr(message, name) for name in names if getattr(message, name) is not None
+    }
+    if message.timestamp is not None:
+        props["timestamp"] = message.timestamp.timestamp()
+    return props
+
+
+def restore_properties(snapshot: Mapping[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`message_properties`, for a copy rebuilt from the ledger."""
+    props = dict(snapshot)
+    if "timestamp" in props:
+        props["timestamp"] = datetime.fromtimestamp(float(props["timestamp"]), tz=UTC)
+    return props

@@ -1,0 +1,102 @@
+"""``rabbitretry topology``: declare, compare and export the queues rabbitretry needs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from rabbitretry import amqp
+from rabbitretry.cli.common import load_topology, out, run_async, settings
+from rabbitretry.topology import Plan, declare, export_definitions, plan
+
+app = typer.Typer(
+    help=(
+        "The exchanges and queues of your work queues: each work queue Q gets Q.dead (dead "
+        "letters, no TTL) and a ladder of delay queues Q.delay.<n>s that feed only Q."
+    ),
+    no_args_is_help=True,
+)
+
+Targets = Annotated[
+    list[str],
+    typer.Argument(
+        help="Topology files (topology/*.toml) and/or consumer classes (MODULE:CLASS).",
+        show_default=False,
+    ),
+]
+
+_STYLE = {"create": "green", "ok": "dim", "mismatch": "bold red", "ensure": "cyan"}
+
+
+@app.command("declare")
+@run_async
+async def declare_(targets: Targets) -> None:
+    """Create what is missing (idempotent). Refuses, changing nothing, if an existing queue
+    has other arguments (RabbitMQ would answer 406 PRECONDITION_FAILED)."""
+    topology = load_topology(targets)
+    connection = await amqp.connect(settings().amqp_url, name="rabbitretry-topology")
+    try:
+        applied = await declare(connection, topology)
+    finally:
+        await connection.close()
+    created = [e for e in applied.entries if e.action == "create"]
+    _print(applied, only_changes=True)
+    out.print(
+        f"declared: {len(created)} created, {len(applied.entries) - len(created)} already in place"
+    )
+
+
+@app.command("plan")
+@run_async
+async def plan_(targets: Targets) -> None:
+    """Compare with the live broker without changing it; exit 1 on any argument mismatch."""
+    topology = load_topology(targets)
+    connection = await amqp.connect(settings().amqp_url, name="rabbitretry-topology")
+    try:
+        result = await plan(connection, topology)
+    finally:
+        await connection.close()
+    _print(result, only_changes=False)
+    if result.has_mismatch:
+        out.print(
+            "[bold red]mismatch[/bold red]: a queue's arguments cannot change in place; delete "
+            "and redeclare it (after moving its messages), or change the topology to match"
+        )
+        raise typer.Exit(1)
+
+
+@app.command("export")
+@run_async
+async def export(
+    targets: Targets,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout.")
+    ] = None,
+    vhost: Annotated[str, typer.Option(help="Virtual host to write into the definitions.")] = "/",
+) -> None:
+    """Write RabbitMQ definitions JSON (for rabbitmqctl import_definitions or the management UI)."""
+    text = json.dumps(export_definitions(load_topology(targets), vhost=vhost), indent=2)
+    if output is None:
+        print(text)
+    else:
+        output.write_text(text + "\n")
+        out.print(f"wrote {output}")
+
+
+def _print(result: Plan, *, only_changes: bool) -> None:
+    entries = [e for e in result.entries if not only_changes or e.action not in ("ok", "ensure")]
+    if not entries:
+        return
+    table = Table()
+    for column in ("kind", "name", "action", "detail"):
+        table.add_column(column, overflow="fold")
+    for entry in entries:
+        style = _STYLE.get(entry.action, "")
+        table.add_row(
+            entry.kind, entry.name, f"[{style}]{entry.action}[/{style}]", entry.detail or ""
+        )
+    out.print(table)

@@ -1,0 +1,154 @@
+"""``Consumer``: the class a user subclasses, and ``Context``: what a handler knows of its message.
+
+::
+
+    class AwardPoints(Consumer[OrderPaid]):
+        queue = "points.award"
+        retry = RetryPolicy(max_attempts=8, initial_delay=2.0)
+
+        async def handle(self, msg: OrderPaid, ctx: Context) -> None:
+            ...
+
+The payload type comes from the generic parameter (any type pydantic can validate: a model,
+a ``dict``, a ``TypedDict``). Everything else is a class attribute with a sane default.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import TypeAdapter
+
+from rabbitretry.errors import ConfigurationError
+from rabbitretry.retry import RetryPolicy
+from rabbitretry.topology.model import Binding, QueueType, WorkQueue
+
+Payload = TypeVar("Payload")
+
+# RabbitMQ requeues a delivery that is not acked within consumer_timeout (30 minutes by
+# default). An attempt must end well before that, or the broker hands the message to someone
+# else while the handler still runs.
+MAX_ATTEMPT_TIMEOUT = 25 * 60
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a handler knows of the message it is handling."""
+
+    queue: str
+    message_id: str
+    attempt: int
+    """This attempt's number within the current budget, from 1 (the ledger's count)."""
+    max_attempts: int
+    redelivered: bool
+    headers: Mapping[str, Any] = field(default_factory=dict)
+    x_death: Sequence[Mapping[str, Any]] = ()
+    """The broker's dead-letter history: a hint for logs, never used to decide anything."""
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable across attempts and replays: pass it to calls outside the database."""
+        return f"{self.queue}:{self.message_id}"
+
+
+class Consumer(Generic[Payload]):
+    """Subclass, set ``queue``, write :meth:`handle`.
+
+    Class attributes:
+
+    ``queue``            the work queue to consume (required)
+    ``queue_type``       ``"classic"`` or ``"quorum"``
+    ``bindings``         exchanges routed into the queue, for the topology declarer
+    ``retry``            the :class:`RetryPolicy`
+    ``timeout``          seconds one attempt may run before it fails with ``TimeoutError``
+    ``lease``            seconds a claim holds without renewal: a dead worker's message is
+                         taken up again this long after it died (renewed every lease / 3)
+    ``max_body_bytes``   larger bodies are dead-lettered unread, reason ``too-large``
+    """
+
+    queue: ClassVar[str]
+    queue_type: ClassVar[QueueType] = "classic"
+    bindings: ClassVar[Sequence[Binding]] = ()
+    dead_queue: ClassVar[str | None] = None
+    retry: ClassVar[RetryPolicy] = RetryPolicy()
+    timeout: ClassVar[float] = 60.0
+    lease: ClassVar[float] = 15.0
+    max_body_bytes: ClassVar[int] = 1024 * 1024
+
+    payload_adapter: ClassVar[TypeAdapter[Any]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        payload_type = _payload_type(cls)
+        if payload_type is not None:
+            cls.payload_adapter = TypeAdapter(payload_type)
+        if getattr(cls, "__abstractconsumer__", False) or "queue" not in _class_attrs(cls):
+            return
+        _check(cls)
+
+    async def setup(self) -> None:
+        """Called once before the first message, e.g. to open clients. Optional."""
+
+    async def teardown(self) -> None:
+        """Called once at shutdown. Optional."""
+
+    async def handle(self, msg: Payload, ctx: Context) -> None:
+        raise NotImplementedError(f"{type(self).__name__}.handle() is not written")
+
+    @classmethod
+    def work_queue(cls) -> WorkQueue:
+        """This consumer's queue as topology data (work queue, dead letters, delay ladder)."""
+        return WorkQueue(
+            name=cls.queue,
+            type=cls.queue_type,
+            max_delay=max(cls.retry.max_delay, cls.lease),
+            dead_queue=cls.dead_queue,
+            bindings=list(cls.bindings),
+        )
+
+    @classmethod
+    def parse(cls, body: bytes) -> Payload:
+        """The body validated into the payload type (raises ``pydantic.ValidationError``)."""
+        return typing.cast(Payload, cls.payload_adapter.validate_json(body))
+
+
+def _class_attrs(cls: type) -> set[str]:
+    return {name for klass in cls.__mro__ if klass is not Consumer for name in vars(klass)}
+
+
+def _payload_type(cls: type) -> Any:
+    for base in getattr(cls, "__orig_bases__", ()):
+        origin = typing.get_origin(base)
+        if isinstance(origin, type) and issubclass(origin, Consumer):
+            (payload_type,) = typing.get_args(base)
+            if not isinstance(payload_type, TypeVar):
+                return payload_type
+    return None
+
+
+def _check(cls: type[Consumer[Any]]) -> None:
+    name = cls.__qualname__
+    if not isinstance(cls.queue, str) or not cls.queue:
+        raise ConfigurationError(f"{name}.queue must be a non-empty queue name")
+    if not hasattr(cls, "payload_adapter"):
+        raise ConfigurationError(
+            f"{name} does not say its payload type: write `class {name}(Consumer[MyModel])`"
+        )
+    if not isinstance(cls.retry, RetryPolicy):
+        raise ConfigurationError(f"{name}.retry must be a RetryPolicy")
+    if not 0 < cls.timeout <= MAX_ATTEMPT_TIMEOUT:
+        raise ConfigurationError(
+            f"{name}.timeout must be between 0 and {MAX_ATTEMPT_TIMEOUT} s, below RabbitMQ's "
+            "consumer_timeout (30 min by default)"
+        )
+    if cls.lease < 1:
+        raise ConfigurationError(f"{name}.lease must be at least 1 second")
+    if cls.handle is Consumer.handle:
+        raise ConfigurationError(f"{name} must define `async def handle(self, msg, ctx)`")

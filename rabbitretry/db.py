@@ -1,0 +1,105 @@
+"""The one module that talks to asyncpg: pools, named queries and migrations."""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import asyncpg
+
+from rabbitretry.errors import ServiceUnavailable
+from rabbitretry.settings import mask_url
+
+Pool = asyncpg.Pool
+Connection = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+Record = asyncpg.Record
+
+_NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_MIGRATION_FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
+_MIGRATION_LOCK = 0x7261_6262  # advisory lock key: one migrator at a time
+
+
+@cache
+def queries() -> dict[str, str]:
+    """The statements of ``sql/queries.sql`` by name."""
+    text = resources.files("rabbitretry.sql").joinpath("queries.sql").read_text()
+    parts = _NAME_LINE.split(text)
+    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+def query(name: str) -> str:
+    return queries()[name]
+
+
+async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> Pool:
+    """A pool to the ledger database; a clear error when it cannot be reached."""
+    try:
+        pool = await asyncpg.create_pool(
+            url, min_size=min_size, max_size=max_size, command_timeout=60
+        )
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+        raise ServiceUnavailable(
+            f"cannot connect to PostgreSQL at {mask_url(url)}: {error}. "
+            "Is the server running, and is RABBITRETRY_DATABASE_URL right?"
+        ) from error
+    assert pool is not None
+    return pool
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """(version, name, sql) of every migration shipped, in order."""
+    folder = resources.files("rabbitretry.sql").joinpath("migrations")
+    found = []
+    for entry in folder.iterdir():
+        match = _MIGRATION_FILE.match(entry.name)
+        if match:
+            found.append((int(match[1]), match[2], entry.read_text()))
+    return sorted(found)
+
+
+async def applied_migrations(conn: Connection) -> set[int]:
+    exists = await conn.fetchval("SELECT to_regclass('rabbitretry.schema_migration') IS NOT NULL")
+    if not exists:
+        return set()
+    return {
+        row["version"]
+        for row in await conn.fetch("SELECT version FROM rabbitretry.schema_migration")
+    }
+
+
+async def migrate(conn: Connection) -> list[str]:
+    """Apply the migrations not yet applied, each in its own transaction; their names."""
+    done: list[str] = []
+    await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
+    try:
+        applied = await applied_migrations(conn)
+        for version, name, sql in migrations():
+            if version in applied:
+                continue
+            async with conn.transaction():
+                await conn.execute(sql)
+                await conn.execute(
+                    "CREATE TABLE IF NOT EXISTS rabbitretry.schema_migration ("
+                    " version integer PRIMARY KEY, name text NOT NULL,"
+                    " applied_at timestamptz NOT NULL DEFAULT now())"
+                )
+                await conn.execute(
+                    "INSERT INTO rabbitretry.schema_migration (version, name) VALUES ($1, $2)",
+                    version,
+                    name,
+                )
+            done.append(f"{version:04d}_{name}")
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK)
+    return done
+
+
+async def pending_migrations(conn: Connection) -> list[str]:
+    applied = await applied_migrations(conn)
+    return [f"{v:04d}_{n}" for v, n, _ in migrations() if v not in applied]
+
+
+def record_to_dict(record: Record | None) -> dict[str, Any] | None:
+    return dict(record) if record is not None else None

@@ -1,0 +1,97 @@
+"""Dead letters: select them and replay them from the ledger snapshot.
+
+A replay publishes the stored message to its work queue (never to the exchange it first came
+through, which may fan out elsewhere) and gives it a fresh attempt budget, all under a row lock:
+the publish is confirmed before the ledger says ``retrying``, and a second replay of the same
+message waits for the first and then finds it no longer dead, so two replays never make two
+live copies.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from rabbitretry import ledger
+from rabbitretry.amqp import ConfirmingPublisher, without_broker_headers
+from rabbitretry.db import Pool, Record, query
+from rabbitretry.processing import ATTEMPTS_HEADER
+
+BATCH = 200
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which dead letters an operation applies to; every field narrows it."""
+
+    queue: str | None = None
+    message_id: str | None = None
+    error: str | None = None
+    before: datetime | None = None
+
+
+async def select(
+    pool: Pool, selection: Selection, *, limit: int | None = None
+) -> AsyncIterator[Record]:
+    """Matching dead letters in key order, fetched in batches."""
+    cursor = ("", "")
+    seen = 0
+    while True:
+        rows = await pool.fetch(
+            query("select_dead"),
+            selection.queue,
+            selection.message_id,
+            selection.error,
+            selection.before,
+            *cursor,
+            BATCH,
+        )
+        for row in rows:
+            if limit is not None and seen >= limit:
+                return
+            seen += 1
+            yield row
+        if len(rows) < BATCH:
+            return
+        cursor = (rows[-1]["queue"], rows[-1]["message_id"])
+
+
+async def replay_one(
+    pool: Pool, publisher: ConfirmingPublisher, key: ledger.Key, *, actor: str
+) -> bool:
+    """Replay one dead letter; False when it is no longer dead (already replayed, ignored)."""
+    async with pool.acquire() as conn, conn.transaction():
+        row = await conn.fetchrow(query("lock_dead"), key.queue, key.message_id)
+        if row is None:
+            return False
+        snapshot = ledger.snapshot_of(row)
+        await conn.execute(query("mark_replayed"), key.queue, key.message_id)
+        await conn.execute(
+            query("add_audit"),
+            actor,
+            "replay",
+            key.queue,
+            key.message_id,
+            _detail(row),
+        )
+        await publisher.publish(
+            snapshot.body,
+            routing_key=key.queue,
+            message_id=key.message_id,
+            headers={**without_broker_headers(snapshot.headers), ATTEMPTS_HEADER: row["attempts"]},
+            properties=snapshot.properties,
+        )
+    return True
+
+
+def _detail(row: Record) -> str:
+    detail: dict[str, Any] = {
+        "attempts": row["attempts"],
+        "reason": row["reason"],
+        "error_type": row["error_type"],
+        "replays_before": row["replays"],
+    }
+    return json.dumps(detail)

@@ -1,0 +1,56 @@
+"""The exceptions rabbitretry raises or understands.
+
+::
+
+    RabbitRetryError                  root of everything below
+    ├── Retry                         raised by a handler: retry this message (optional delay)
+    ├── Permanent                     raised by a handler: dead-letter now, never retry
+    ├── ConfigurationError            a consumer, policy or topology that cannot work
+    ├── TopologyError                 the broker's queues do not match what is needed
+    ├── ServiceUnavailable            RabbitMQ or Postgres cannot be reached
+    └── PublishError                  the broker did not take a message (nack, channel loss)
+        └── UnroutableError           the broker took it but no queue was bound to receive it
+"""
+
+from __future__ import annotations
+
+
+class RabbitRetryError(Exception):
+    """Base class of all rabbitretry exceptions."""
+
+
+class Retry(RabbitRetryError):
+    """Raise from a handler to retry the message, optionally after ``delay`` seconds.
+
+    The attempt still counts against the policy's ``max_attempts``.
+    """
+
+    def __init__(self, reason: str = "retry requested", *, delay: float | None = None) -> None:
+        super().__init__(reason)
+        if delay is not None and delay < 0:
+            raise ValueError("Retry delay must be >= 0 seconds")
+        self.delay = delay
+
+
+class Permanent(RabbitRetryError):
+    """Raise from a handler when retrying cannot help: the message goes to the dead letters now."""
+
+
+class ConfigurationError(RabbitRetryError):
+    """A consumer class, retry policy or topology file that cannot work as written."""
+
+
+class TopologyError(RabbitRetryError):
+    """The broker's exchanges or queues are missing or declared with other arguments."""
+
+
+class ServiceUnavailable(RabbitRetryError):
+    """RabbitMQ or Postgres could not be reached."""
+
+
+class PublishError(RabbitRetryError):
+    """The broker refused a message (nack) or the channel failed before it confirmed."""
+
+
+class UnroutableError(PublishError):
+    """The broker returned a mandatory message: no queue is bound for its routing key."""

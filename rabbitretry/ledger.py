@@ -1,0 +1,193 @@
+"""Ledger operations: typed calls over the named statements in ``sql/queries.sql``.
+
+Every state change of a message goes through here, and each is one statement (one commit),
+so the ledger is never half-written.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rabbitretry.db import Connection, Pool, Record, query
+from rabbitretry.failure import Failure
+
+Verdict = Literal["claimed", "finished", "stale", "busy", "not-due", "exhausted"]
+Executor = Pool | Connection
+
+
+@dataclass(frozen=True)
+class Key:
+    queue: str
+    message_id: str
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.message_id}"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The message as it arrived, kept so that it can be re-published from the ledger."""
+
+    body: bytes
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    exchange: str
+    routing_key: str
+
+
+@dataclass(frozen=True)
+class Claim:
+    verdict: Verdict
+    attempt: int
+    budget_attempt: int
+    wait_seconds: float
+    status: str
+
+
+def _json(value: dict[str, Any]) -> str:
+    return json.dumps(value, default=str)
+
+
+async def claim(
+    executor: Executor,
+    key: Key,
+    *,
+    max_attempts: int,
+    lease_seconds: float,
+    worker: str,
+    copy_attempts: int,
+    snapshot: Snapshot,
+) -> Claim:
+    row = await executor.fetchrow(
+        query("claim"),
+        key.queue,
+        key.message_id,
+        max_attempts,
+        lease_seconds,
+        worker,
+        copy_attempts,
+        snapshot.body,
+        _json(snapshot.headers),
+        _json(snapshot.properties),
+        snapshot.exchange,
+        snapshot.routing_key,
+    )
+    assert row is not None
+    return Claim(
+        verdict=row["verdict"],
+        attempt=row["attempt"],
+        budget_attempt=row["budget_attempt"],
+        wait_seconds=row["wait_seconds"],
+        status=row["status"],
+    )
+
+
+async def renew_lease(executor: Executor, key: Key, attempt: int, lease_seconds: float) -> bool:
+    return (
+        await executor.fetchval(
+            query("renew_lease"), key.queue, key.message_id, attempt, lease_seconds
+        )
+        is not None
+    )
+
+
+async def finish(
+    executor: Executor,
+    key: Key,
+    attempt: int,
+    status: Literal["succeeded", "dead", "skipped"],
+    *,
+    reason: str | None = None,
+    failure: Failure | None = None,
+) -> bool:
+    """Close ``attempt``; False when it was no longer the current attempt (lease lost)."""
+    return (
+        await executor.fetchval(
+            query("finish_attempt"),
+            key.queue,
+            key.message_id,
+            attempt,
+            status,
+            reason,
+            failure.type if failure else None,
+            failure.message if failure else None,
+            failure.traceback if failure else None,
+            failure.fingerprint if failure else None,
+        )
+        is not None
+    )
+
+
+async def schedule_retry(
+    executor: Executor, key: Key, attempt: int, delay: float, failure: Failure
+) -> float | None:
+    """Mark the key ``retrying``; the seconds until it is due, or None if the lease was lost."""
+    wait: float | None = await executor.fetchval(
+        query("schedule_retry"),
+        key.queue,
+        key.message_id,
+        attempt,
+        delay,
+        failure.type,
+        failure.message,
+        failure.traceback,
+        failure.fingerprint,
+    )
+    return wait
+
+
+async def confirm_retry_copy(executor: Executor, key: Key, attempt: int) -> None:
+    await executor.execute(query("confirm_retry_copy"), key.queue, key.message_id, attempt)
+
+
+async def interrupt(executor: Executor, key: Key, attempt: int) -> bool:
+    return (
+        await executor.fetchval(query("interrupt_attempt"), key.queue, key.message_id, attempt)
+        is not None
+    )
+
+
+async def record_rejected(
+    executor: Executor,
+    key: Key,
+    *,
+    max_attempts: int,
+    reason: str,
+    failure: Failure,
+    snapshot: Snapshot,
+) -> bool:
+    """Store a delivery refused before any attempt as dead; False if the key already exists."""
+    return (
+        await executor.fetchval(
+            query("record_rejected"),
+            key.queue,
+            key.message_id,
+            max_attempts,
+            reason,
+            failure.type,
+            failure.message,
+            failure.fingerprint,
+            snapshot.body,
+            _json(snapshot.headers),
+            _json(snapshot.properties),
+            snapshot.exchange,
+            snapshot.routing_key,
+        )
+        is not None
+    )
+
+
+async def get(executor: Executor, key: Key) -> Record | None:
+    return await executor.fetchrow(query("get_entry"), key.queue, key.message_id)
+
+
+def snapshot_of(row: Record) -> Snapshot:
+    return Snapshot(
+        body=bytes(row["payload"]),
+        headers=json.loads(row["headers"]),
+        properties=json.loads(row["properties"]),
+        exchange=row["exchange"],
+        routing_key=row["routing_key"],
+    )

@@ -1,0 +1,97 @@
+"""Retry policy: how many attempts, how long to wait between them, which errors are worth it.
+
+Pure decisions, no I/O: the worker asks :meth:`RetryPolicy.decide` what to do after a failed
+attempt and carries the answer out.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rabbitretry.errors import Permanent, Retry
+
+ExceptionTypes = tuple[type[BaseException], ...]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do after a failed attempt: retry after ``delay`` seconds, or dead-letter."""
+
+    action: Literal["retry", "dead"]
+    delay: float = 0.0
+    reason: str = ""
+
+
+class RetryPolicy(BaseModel):
+    """Exponential backoff with jitter, bounded by ``max_attempts`` and ``max_delay``.
+
+    The delay before attempt ``n + 1`` is ``initial_delay * multiplier ** (n - 1)``, capped at
+    ``max_delay``, then spread by ``± jitter`` (a fraction) and capped again, so that a burst
+    of failures does not come back as a burst.
+
+    Classification, first match wins: :class:`Permanent` → dead; :class:`Retry` → retry (with
+    its own delay if it gives one); an instance of ``permanent_on`` → dead; with ``retry_on``
+    unset every other exception is retried, otherwise only instances of ``retry_on`` are.
+
+    ``immediate_retries`` re-runs the handler in-process that many times (``immediate_delay``
+    apart) before the attempt counts as failed: cheap cover for blips such as a dropped
+    connection, without a trip through the broker.
+    """
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    max_attempts: int = Field(default=5, ge=1, le=1000)
+    initial_delay: float = Field(default=1.0, ge=0)
+    multiplier: float = Field(default=2.0, ge=1.0)
+    max_delay: float = Field(default=300.0, gt=0)
+    jitter: float = Field(default=0.2, ge=0, lt=1)
+    retry_on: ExceptionTypes | None = None
+    permanent_on: ExceptionTypes = ()
+    immediate_retries: int = Field(default=0, ge=0, le=10)
+    immediate_delay: float = Field(default=0.05, ge=0)
+
+    @model_validator(mode="after")
+    def _delays_consistent(self) -> RetryPolicy:
+        if self.initial_delay > self.max_delay:
+            raise ValueError(
+                f"initial_delay ({self.initial_delay}) is larger than max_delay ({self.max_delay})"
+            )
+        return self
+
+    def backoff(self, attempt: int) -> float:
+        """The delay before the attempt after ``attempt`` (1-based), before jitter."""
+        if attempt < 1:
+            raise ValueError("attempts are counted from 1")
+        exponent = min(attempt - 1, 1024)  # keeps the float finite for absurd attempt counts
+        return float(min(self.max_delay, self.initial_delay * self.multiplier**exponent))
+
+    def delay_after(self, attempt: int, rng: random.Random | None = None) -> float:
+        """The jittered delay before the next attempt, within ``[0, max_delay]``."""
+        base = self.backoff(attempt)
+        spread = (rng or random).uniform(1 - self.jitter, 1 + self.jitter)
+        return min(self.max_delay, base * spread)
+
+    def is_retryable(self, error: BaseException) -> bool:
+        if isinstance(error, Permanent):
+            return False
+        if isinstance(error, Retry):
+            return True
+        if self.permanent_on and isinstance(error, self.permanent_on):
+            return False
+        return self.retry_on is None or isinstance(error, self.retry_on)
+
+    def decide(
+        self, error: BaseException, attempt: int, rng: random.Random | None = None
+    ) -> Decision:
+        """What to do after ``attempt`` (1-based, within this budget) failed with ``error``."""
+        if not self.is_retryable(error):
+            return Decision("dead", reason="permanent-error")
+        if attempt >= self.max_attempts:
+            return Decision("dead", reason="attempts-exhausted")
+        if isinstance(error, Retry) and error.delay is not None:
+            return Decision("retry", delay=error.delay)
+        return Decision("retry", delay=self.delay_after(attempt, rng))

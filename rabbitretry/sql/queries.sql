@@ -1,0 +1,147 @@
+-- Every statement rabbitretry runs against the ledger, loaded by name (see rabbitretry/db.py).
+-- Parameters are positional ($1, $2, ...); each block starts with a "-- name:" line.
+
+-- name: claim
+SELECT verdict, attempt, budget_attempt, wait_seconds, status
+FROM rabbitretry.claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
+
+-- name: renew_lease
+-- Extends the lease of a running attempt; no row means the attempt is no longer ours.
+UPDATE rabbitretry.ledger
+SET lease_until = now() + make_interval(secs => $4)
+WHERE queue = $1 AND message_id = $2 AND attempts = $3 AND status = 'processing'
+RETURNING 1;
+
+-- name: finish_attempt
+-- Closes attempt $3 of a key as succeeded, dead or skipped; the ledger row follows in the same
+-- statement. No row returned means the attempt had lost its lease to another one.
+WITH finished AS (
+    UPDATE rabbitretry.ledger
+    SET status = $4, reason = $5, error_type = $6, error_message = $7, error_traceback = $8,
+        error_fingerprint = $9, finished_at = now(), updated_at = now(),
+        lease_until = NULL, next_retry_at = NULL
+    WHERE queue = $1 AND message_id = $2 AND attempts = $3 AND status = 'processing'
+    RETURNING queue, message_id, attempts
+)
+UPDATE rabbitretry.attempt a
+SET finished_at = now(), outcome = $4,
+    error_type = $6, error_message = $7, error_traceback = $8
+FROM finished f
+WHERE a.queue = f.queue AND a.message_id = f.message_id AND a.attempt = f.attempts
+RETURNING 1;
+
+-- name: schedule_retry
+-- Attempt $3 failed and will be retried after $4 seconds.
+WITH retrying AS (
+    UPDATE rabbitretry.ledger
+    SET status = 'retrying', next_retry_at = now() + make_interval(secs => $4),
+        retry_copy_confirmed = false, lease_until = NULL, updated_at = now(),
+        error_type = $5, error_message = $6, error_traceback = $7, error_fingerprint = $8
+    WHERE queue = $1 AND message_id = $2 AND attempts = $3 AND status = 'processing'
+    RETURNING queue, message_id, attempts, next_retry_at
+), logged AS (
+    UPDATE rabbitretry.attempt a
+    SET finished_at = now(), outcome = 'retry', error_type = $5, error_message = $6,
+        error_traceback = $7, retry_at = r.next_retry_at
+    FROM retrying r
+    WHERE a.queue = r.queue AND a.message_id = r.message_id AND a.attempt = r.attempts
+)
+SELECT extract(epoch FROM next_retry_at - now())::float8 AS wait_seconds FROM retrying;
+
+-- name: confirm_retry_copy
+-- The delay copy for attempt $3's retry is on the broker: older copies may now be dropped.
+UPDATE rabbitretry.ledger SET retry_copy_confirmed = true
+WHERE queue = $1 AND message_id = $2 AND attempts = $3 AND status = 'retrying';
+
+-- name: interrupt_attempt
+-- A shutdown stopped attempt $3: it does not count, and the message is due again at once.
+WITH requeued AS (
+    UPDATE rabbitretry.ledger
+    SET status = 'retrying', next_retry_at = now(), retry_copy_confirmed = false,
+        lease_until = NULL, attempts_forgiven = attempts_forgiven + 1, updated_at = now()
+    WHERE queue = $1 AND message_id = $2 AND attempts = $3 AND status = 'processing'
+    RETURNING queue, message_id, attempts
+)
+UPDATE rabbitretry.attempt a
+SET finished_at = now(), outcome = 'interrupted', error_type = 'Interrupted',
+    error_message = 'the worker shut down during the attempt; it is not counted'
+FROM requeued r
+WHERE a.queue = r.queue AND a.message_id = r.message_id AND a.attempt = r.attempts
+RETURNING 1;
+
+-- name: record_rejected
+-- A delivery refused before any attempt (no message_id, too large): stored dead. A replayed
+-- copy refused again (its row is retrying) goes back to dead; any other existing row is left
+-- alone and nothing is returned: the copy is a duplicate.
+INSERT INTO rabbitretry.ledger AS l (queue, message_id, status, attempts, max_attempts, reason,
+                                     error_type, error_message, error_fingerprint, finished_at,
+                                     payload, headers, properties, exchange, routing_key)
+VALUES ($1, $2, 'dead', 0, $3, $4, $5, $6, $7, now(), $8, $9, $10, $11, $12)
+ON CONFLICT (queue, message_id) DO UPDATE
+SET status = 'dead', reason = excluded.reason, error_type = excluded.error_type,
+    error_message = excluded.error_message, error_fingerprint = excluded.error_fingerprint,
+    finished_at = now(), updated_at = now(), next_retry_at = NULL
+WHERE l.status = 'retrying'
+RETURNING 1;
+
+-- name: get_entry
+SELECT * FROM rabbitretry.ledger WHERE queue = $1 AND message_id = $2;
+
+-- name: find_entries
+-- All ledger rows with this message_id, in any queue.
+SELECT * FROM rabbitretry.ledger WHERE message_id = $1 ORDER BY queue;
+
+-- name: list_attempts
+SELECT * FROM rabbitretry.attempt WHERE queue = $1 AND message_id = $2 ORDER BY attempt;
+
+-- name: list_audit
+SELECT * FROM rabbitretry.audit WHERE queue = $1 AND message_id = $2 ORDER BY at, id;
+
+-- name: list_dead
+-- Dead letters, newest first, with optional filters: queue, error type (or reason), since.
+SELECT queue, message_id, attempts, reason, error_type, error_message, error_fingerprint,
+       finished_at, first_seen, replays
+FROM rabbitretry.ledger
+WHERE status = 'dead'
+  AND ($1::text IS NULL OR queue = $1)
+  AND ($2::text IS NULL OR error_type = $2 OR reason = $2)
+  AND ($3::timestamptz IS NULL OR finished_at >= $3)
+ORDER BY finished_at DESC, queue, message_id
+LIMIT $4;
+
+-- name: select_dead
+-- Dead letters matching the filters (queue, message_id, error type or reason, fingerprint,
+-- died before), oldest first, after a (queue, message_id) cursor.
+SELECT queue, message_id, attempts, reason, error_type, error_message, finished_at
+FROM rabbitretry.ledger
+WHERE status = 'dead'
+  AND ($1::text IS NULL OR queue = $1)
+  AND ($2::text IS NULL OR message_id = $2)
+  AND ($3::text IS NULL OR error_type = $3 OR reason = $3)
+  AND ($4::timestamptz IS NULL OR finished_at <= $4)
+  AND (queue, message_id) > ($5, $6)
+ORDER BY queue, message_id
+LIMIT $7;
+
+-- name: lock_dead
+-- One dead letter, locked for a replay: a second replay waits, then finds it no longer dead.
+SELECT * FROM rabbitretry.ledger
+WHERE queue = $1 AND message_id = $2 AND status = 'dead'
+FOR UPDATE;
+
+-- name: mark_replayed
+-- Gives a dead letter a fresh attempt budget; its copy is already confirmed on the work queue.
+UPDATE rabbitretry.ledger
+SET status = 'retrying', next_retry_at = now(), retry_copy_confirmed = true,
+    attempts_forgiven = attempts, replays = replays + 1, finished_at = NULL, reason = NULL,
+    updated_at = now()
+WHERE queue = $1 AND message_id = $2 AND status = 'dead';
+
+-- name: add_audit
+INSERT INTO rabbitretry.audit (actor, action, queue, message_id, detail)
+VALUES ($1, $2, $3, $4, $5);
+
+-- name: ledger_stats
+SELECT queue, status, count(*) AS messages, sum(attempts) AS attempts,
+       min(first_seen) AS oldest
+FROM rabbitretry.ledger GROUP BY queue, status ORDER BY queue, status;

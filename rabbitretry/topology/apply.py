@@ -1,0 +1,242 @@
+"""A topology against a live broker: plan, declare, verify; and as definitions JSON.
+
+RabbitMQ without the management plugin cannot list what it holds, so :func:`plan` asks about
+each entity in turn on a throwaway channel:
+
+* a passive declare tells whether it exists (a 404 closes the channel: ``create``);
+* re-declaring an existing one with the wanted arguments is a no-op when they are identical
+  (``ok``) and a 406 PRECONDITION_FAILED when they are not (``mismatch``), whose reply text
+  names the first argument that differs.
+
+Nothing is created while planning: only entities that already exist are re-declared. (A queue
+deleted by someone else between the two steps would be re-created; no AMQP call avoids that.)
+Bindings cannot be inspected over AMQP at all, so they are always ``ensure``: binding is
+idempotent, and :func:`declare` binds every one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rabbitretry import amqp
+from rabbitretry.errors import TopologyError
+from rabbitretry.topology.model import BindingDeclaration, Exchange, QueueDeclaration, Topology
+
+Kind = Literal["exchange", "queue", "binding"]
+Action = Literal["create", "ok", "mismatch", "ensure"]
+Declaration = Callable[[amqp.Channel], Awaitable[object]]
+
+DECLARE_HINT = (
+    "Run `rabbitretry topology declare` with the same topology files or consumer, "
+    "or pass `--declare` to `rabbitretry run`."
+)
+MISMATCH_HINT = (
+    "A queue's or exchange's arguments cannot change in place. For each one either change the "
+    "topology to match what the broker has, or delete it (`rabbitmqctl delete_queue NAME`; "
+    "its messages go with it, so move them first if they matter) and declare again. "
+    "The broker names only the first argument that differs."
+)
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    kind: Kind
+    name: str
+    action: Action
+    detail: str = ""
+
+    def describe(self) -> str:
+        text = f"{self.action:<8} {self.kind:<8} {self.name}"
+        return f"{text}: {self.detail}" if self.detail else text
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What declaring a topology would do to the broker, entity by entity."""
+
+    entries: list[PlanEntry] = field(default_factory=list)
+
+    @property
+    def mismatches(self) -> list[PlanEntry]:
+        return [e for e in self.entries if e.action == "mismatch"]
+
+    @property
+    def missing(self) -> list[PlanEntry]:
+        return [e for e in self.entries if e.action == "create"]
+
+    @property
+    def has_mismatch(self) -> bool:
+        return bool(self.mismatches)
+
+    def lines(self) -> list[str]:
+        return [entry.describe() for entry in self.entries]
+
+
+async def plan(connection: amqp.Connection, topology: Topology) -> Plan:
+    """Compare ``topology`` with the broker, creating nothing."""
+    entries: list[PlanEntry] = []
+    async with amqp.Prober(connection) as prober:
+        for exchange in topology.exchanges:
+            summary = _summary({"type": exchange.type, **exchange.arguments})
+            entry = await _probe(prober, "exchange", exchange.name, _exchange(exchange), summary)
+            entries.append(entry)
+        for queue in topology.queue_declarations():
+            entry = await _probe(
+                prober, "queue", queue.name, _queue(queue), _summary(queue.arguments)
+            )
+            entries.append(entry)
+    entries += [
+        PlanEntry("binding", _binding_name(b), "ensure") for b in topology.binding_declarations()
+    ]
+    return Plan(entries)
+
+
+async def declare(connection: amqp.Connection, topology: Topology) -> Plan:
+    """Declare every exchange, queue and binding; refuse before touching anything on a mismatch.
+
+    Idempotent: declaring an unchanged topology again changes nothing. Returns the plan that was
+    applied (its ``create`` entries are the entities this call created).
+    """
+    current = await plan(connection, topology)
+    if current.has_mismatch:
+        raise TopologyError(_mismatch_message(current.mismatches, "nothing was declared"))
+    async with amqp.Prober(connection) as prober:
+        for exchange in topology.exchanges:
+            await _apply(prober, "exchange", exchange.name, _exchange(exchange))
+        for queue in topology.queue_declarations():
+            await _apply(prober, "queue", queue.name, _queue(queue))
+        for binding in topology.binding_declarations():
+            await _apply(prober, "binding", _binding_name(binding), _bind(binding))
+    return current
+
+
+async def verify(connection: amqp.Connection, topology: Topology) -> None:
+    """Raise :class:`TopologyError` unless every exchange and queue exists as declared.
+
+    Bindings cannot be checked over AMQP and are not verified.
+    """
+    current = await plan(connection, topology)
+    problems = [e for e in current.entries if e.action in ("create", "mismatch")]
+    if not problems:
+        return
+    listed = "\n".join(
+        f"  - {e.kind} {e.name!r}: " + ("missing" if e.action == "create" else e.detail)
+        for e in problems
+    )
+    hints = f"{MISMATCH_HINT}\n{DECLARE_HINT}" if current.has_mismatch else DECLARE_HINT
+    raise TopologyError(f"RabbitMQ does not hold the topology as declared:\n{listed}\n{hints}")
+
+
+def export_definitions(topology: Topology, vhost: str = "/") -> dict[str, list[dict[str, Any]]]:
+    """The topology as RabbitMQ definitions (``rabbitmqctl import_definitions``, management API)."""
+    return {
+        "exchanges": [_exchange_definition(e, vhost) for e in topology.exchanges],
+        "queues": [_queue_definition(q, vhost) for q in topology.queue_declarations()],
+        "bindings": [_binding_definition(b, vhost) for b in topology.binding_declarations()],
+    }
+
+
+async def _probe(
+    prober: amqp.Prober, kind: Kind, name: str, redeclare: Declaration, summary: str
+) -> PlanEntry:
+    outcome, text = await prober.attempt(_passive(kind, name))
+    if outcome == "not-found":
+        return PlanEntry(kind, name, "create", summary)
+    if outcome == "ok":
+        outcome, text = await prober.attempt(redeclare)
+    return PlanEntry(kind, name, "ok" if outcome == "ok" else "mismatch", text)
+
+
+async def _apply(prober: amqp.Prober, kind: Kind, name: str, declaration: Declaration) -> None:
+    outcome, text = await prober.attempt(declaration)
+    if outcome != "ok":
+        raise TopologyError(f"RabbitMQ refused to declare {kind} {name!r}: {text}")
+
+
+def _passive(kind: Kind, name: str) -> Declaration:
+    if kind == "exchange":
+        return lambda channel: channel.declare_exchange(name, passive=True)
+    return lambda channel: channel.declare_queue(name, passive=True)
+
+
+def _exchange(exchange: Exchange) -> Declaration:
+    return lambda channel: channel.declare_exchange(
+        exchange.name,
+        type=exchange.type,
+        durable=exchange.durable,
+        auto_delete=False,
+        internal=False,
+        arguments=dict(exchange.arguments),
+    )
+
+
+def _queue(queue: QueueDeclaration) -> Declaration:
+    return lambda channel: channel.declare_queue(
+        queue.name,
+        durable=True,
+        exclusive=False,
+        auto_delete=False,
+        arguments=dict(queue.arguments),
+    )
+
+
+def _bind(binding: BindingDeclaration) -> Declaration:
+    async def bind(channel: amqp.Channel) -> None:
+        queue = await channel.get_queue(binding.queue, ensure=False)
+        await queue.bind(
+            binding.exchange, routing_key=binding.routing_key, arguments=dict(binding.arguments)
+        )
+
+    return bind
+
+
+def _summary(arguments: dict[str, Any]) -> str:
+    return ", ".join(f"{key}={value!r}" for key, value in arguments.items())
+
+
+def _binding_name(binding: BindingDeclaration) -> str:
+    return f"{binding.exchange} -> {binding.queue} (routing key {binding.routing_key!r})"
+
+
+def _mismatch_message(mismatches: list[PlanEntry], consequence: str) -> str:
+    listed = "\n".join(f"  - {e.kind} {e.name!r}: {e.detail}" for e in mismatches)
+    return (
+        f"RabbitMQ already has {len(mismatches)} entit{'y' if len(mismatches) == 1 else 'ies'} "
+        f"declared with other arguments than the topology wants; {consequence}:\n"
+        f"{listed}\n{MISMATCH_HINT}"
+    )
+
+
+def _exchange_definition(exchange: Exchange, vhost: str) -> dict[str, Any]:
+    return {
+        "name": exchange.name,
+        "vhost": vhost,
+        "type": exchange.type,
+        "durable": exchange.durable,
+        "auto_delete": False,
+        "internal": False,
+        "arguments": dict(exchange.arguments),
+    }
+
+
+def _queue_definition(queue: QueueDeclaration, vhost: str) -> dict[str, Any]:
+    return {
+        "name": queue.name,
+        "vhost": vhost,
+        "durable": True,
+        "auto_delete": False,
+        "arguments": dict(queue.arguments),
+    }
+
+
+def _binding_definition(binding: BindingDeclaration, vhost: str) -> dict[str, Any]:
+    return {
+        "source": binding.exchange,
+        "vhost": vhost,
+        "destination": binding.queue,
+        "destination_type": "queue",
+        "routing_key": binding.routing_key,
+        "arguments": dict(binding.arguments),
+    }

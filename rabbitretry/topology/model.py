@@ -1,0 +1,178 @@
+"""The topology as data: what exchanges and queues a set of work queues needs.
+
+A :class:`Topology` lists work queues at the level a person thinks about them (name, queue
+type, longest retry delay, bindings); :meth:`Topology.queue_declarations` expands each into the
+concrete queues the broker must hold: the work queue, its dead-letter queue and its delay
+ladder (see :mod:`rabbitretry.naming`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from rabbitretry import naming
+
+QueueType = Literal["classic", "quorum"]
+ExchangeType = Literal["direct", "topic", "fanout", "headers"]
+Arguments = dict[str, Any]
+
+_NAME_PATTERN = r"^[A-Za-z0-9_.:\-]{1,200}$"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Exchange(_Model):
+    name: str = Field(pattern=_NAME_PATTERN)
+    type: ExchangeType = "topic"
+    durable: bool = True
+    arguments: Arguments = {}
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if name.startswith("amq."):
+            raise ValueError("names starting with 'amq.' are reserved by RabbitMQ")
+        return name
+
+
+class Binding(_Model):
+    """Route messages published to ``exchange`` with ``routing_key`` into the work queue."""
+
+    exchange: str = Field(pattern=_NAME_PATTERN)
+    routing_key: str = ""
+    arguments: Arguments = {}
+
+
+class QueueDeclaration(_Model):
+    """One concrete queue as the broker sees it."""
+
+    name: str
+    arguments: Arguments = {}
+    durable: bool = True
+    role: Literal["work", "dead", "delay"] = "work"
+
+
+class BindingDeclaration(_Model):
+    exchange: str
+    queue: str
+    routing_key: str
+    arguments: Arguments = {}
+
+
+class WorkQueue(_Model):
+    """A queue that a consumer reads, with its dead letters and delay ladder."""
+
+    name: str = Field(pattern=_NAME_PATTERN)
+    type: QueueType = "classic"
+    max_delay: float = Field(default=300.0, gt=0, description="longest retry delay, seconds")
+    dead_queue: str | None = Field(default=None, pattern=_NAME_PATTERN)
+    delivery_limit: int | None = Field(default=None, ge=1, description="quorum queues only")
+    bindings: list[Binding] = []
+
+    @model_validator(mode="after")
+    def _limit_needs_quorum(self) -> WorkQueue:
+        if self.delivery_limit is not None and self.type != "quorum":
+            raise ValueError(f"queue {self.name!r}: delivery_limit needs type = 'quorum'")
+        return self
+
+    @property
+    def dead_queue_name(self) -> str:
+        return self.dead_queue or naming.dead_queue(self.name)
+
+    @property
+    def ladder(self) -> list[int]:
+        return naming.delay_ladder(self.max_delay)
+
+    def _type_arguments(self) -> Arguments:
+        if self.type == "classic":
+            return {}
+        # Quorum queues can dead-letter at-least-once, which needs reject-publish overflow.
+        return {
+            "x-queue-type": "quorum",
+            "x-dead-letter-strategy": "at-least-once",
+            "x-overflow": "reject-publish",
+        }
+
+    def declarations(self) -> list[QueueDeclaration]:
+        work_args: Arguments = {
+            **self._type_arguments(),
+            # A broker-side safety net: anything the broker itself rejects lands with the
+            # dead letters instead of vanishing.
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": self.dead_queue_name,
+        }
+        if self.delivery_limit is not None:
+            work_args["x-delivery-limit"] = self.delivery_limit
+        dead_args = {"x-queue-type": "quorum"} if self.type == "quorum" else {}
+        queues = [
+            QueueDeclaration(name=self.name, arguments=work_args, role="work"),
+            QueueDeclaration(name=self.dead_queue_name, arguments=dead_args, role="dead"),
+        ]
+        for seconds in self.ladder:
+            delay_args = {
+                **self._type_arguments(),
+                "x-message-ttl": seconds * 1000,
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": self.name,
+            }
+            queues.append(
+                QueueDeclaration(
+                    name=naming.delay_queue(self.name, seconds), arguments=delay_args, role="delay"
+                )
+            )
+        return queues
+
+
+class Topology(_Model):
+    exchanges: list[Exchange] = []
+    queues: list[WorkQueue] = []
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Topology:
+        names = [q.name for q in self.queue_declarations()]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"queue names used twice: {', '.join(duplicates)}")
+        known = {e.name for e in self.exchanges}
+        for queue in self.queues:
+            for binding in queue.bindings:
+                if binding.exchange not in known:
+                    raise ValueError(
+                        f"queue {queue.name!r} is bound to exchange {binding.exchange!r}, "
+                        "which is not declared under [[exchanges]]"
+                    )
+        return self
+
+    def queue_declarations(self) -> list[QueueDeclaration]:
+        return [declaration for queue in self.queues for declaration in queue.declarations()]
+
+    def binding_declarations(self) -> list[BindingDeclaration]:
+        return [
+            BindingDeclaration(
+                exchange=b.exchange, queue=q.name, routing_key=b.routing_key, arguments=b.arguments
+            )
+            for q in self.queues
+            for b in q.bindings
+        ]
+
+    def work_queue(self, name: str) -> WorkQueue:
+        for queue in self.queues:
+            if queue.name == name:
+                return queue
+        raise KeyError(name)
+
+    def merge(self, other: Topology) -> Topology:
+        """Both topologies in one; an entry present in both must be identical."""
+        exchanges = {e.name: e for e in self.exchanges}
+        queues = {q.name: q for q in self.queues}
+        for exchange in other.exchanges:
+            if exchanges.setdefault(exchange.name, exchange) != exchange:
+                raise ValueError(f"exchange {exchange.name!r} is defined twice, differently")
+        for queue in other.queues:
+            if queues.setdefault(queue.name, queue) != queue:
+                raise ValueError(f"queue {queue.name!r} is defined twice, differently")
+        return Topology(exchanges=list(exchanges.values()), queues=list(queues.values()))

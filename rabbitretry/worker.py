@@ -1,0 +1,166 @@
+"""The worker: N consumers per queue, each on its own channel with prefetch 1, and a clean stop.
+
+On SIGTERM or SIGINT the worker cancels its consumers (no new deliveries), lets in-flight
+attempts finish for ``shutdown_timeout`` seconds, then interrupts the rest: an interrupted
+attempt is recorded as such, not counted against the budget, and its delivery is requeued,
+never dead-lettered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rabbitretry import amqp, db
+from rabbitretry.amqp import ConfirmingPublisher, IncomingMessage
+from rabbitretry.consumer import Consumer
+from rabbitretry.errors import ConfigurationError
+from rabbitretry.processing import Outcome, Processor
+from rabbitretry.topology import Exchange, Topology, declare, verify
+
+log = logging.getLogger("rabbitretry.worker")
+
+
+def topology_of(consumers: Sequence[type[Consumer[Any]]]) -> Topology:
+    """The topology these consumers need, derived from their class attributes."""
+    exchanges = dict.fromkeys(b.exchange for c in consumers for b in c.bindings)
+    return Topology(
+        exchanges=[Exchange(name=name) for name in exchanges],
+        queues=[consumer.work_queue() for consumer in consumers],
+    )
+
+
+@dataclass
+class Worker:
+    consumers: Sequence[type[Consumer[Any]]]
+    amqp_url: str
+    database_url: str
+    concurrency: int = 1
+    shutdown_timeout: float = 30.0
+    declare_topology: bool = False
+    name: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+
+    started: bool = field(default=False, init=False)
+    """True once every consumer is consuming."""
+    _stopping: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _inflight: set[asyncio.Task[Any]] = field(default_factory=set, init=False)
+    outcomes: list[Outcome] = field(default_factory=list, init=False)
+    """Every delivery's outcome, most recent last (bounded), for tests and the demo."""
+
+    def stop(self) -> None:
+        """Ask the worker to stop; safe to call from a signal handler."""
+        self._stopping.set()
+
+    async def run(self, *, install_signal_handlers: bool = False) -> None:
+        if install_signal_handlers:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop)
+        pool = await db.create_pool(
+            self.database_url,
+            min_size=1,
+            max_size=self.concurrency * len(self.consumers) + 2,
+        )
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(pool.close)
+            async with pool.acquire() as conn:
+                pending = await db.pending_migrations(conn)
+            if pending:
+                raise ConfigurationError(
+                    f"the ledger schema is not up to date ({', '.join(pending)} pending): "
+                    "run `rabbitretry db migrate`"
+                )
+            consume_conn = await amqp.connect(
+                self.amqp_url, name=f"rabbitretry-consume {self.name}"
+            )
+            stack.push_async_callback(consume_conn.close)
+            publish_conn = await amqp.connect(
+                self.amqp_url, name=f"rabbitretry-publish {self.name}"
+            )
+            stack.push_async_callback(publish_conn.close)
+
+            topology = topology_of(self.consumers)
+            if self.declare_topology:
+                await declare(consume_conn, topology)
+            else:
+                await verify(consume_conn, topology)
+
+            instances = [consumer_type() for consumer_type in self.consumers]
+            for instance in instances:
+                await instance.setup()
+                stack.push_async_callback(instance.teardown)
+
+            cancel_consumers = []
+            for instance in instances:
+                for slot in range(self.concurrency):
+                    cancel_consumers.append(
+                        await self._start_slot(instance, pool, consume_conn, publish_conn, slot)
+                    )
+            self.started = True
+            log.info(
+                "worker %s consuming %s with concurrency %d",
+                self.name,
+                ", ".join(c.queue for c in self.consumers),
+                self.concurrency,
+            )
+            await self._stopping.wait()
+            log.info("worker %s stopping: no new deliveries, finishing in-flight work", self.name)
+            for cancel in cancel_consumers:
+                with contextlib.suppress(*amqp.CHANNEL_ERRORS):
+                    await cancel()
+            await self._drain()
+            log.info("worker %s stopped", self.name)
+
+    async def _start_slot(
+        self,
+        consumer: Consumer[Any],
+        pool: db.Pool,
+        consume_conn: amqp.Connection,
+        publish_conn: amqp.Connection,
+        slot: int,
+    ) -> Any:
+        channel = await consume_conn.channel()
+        await channel.set_qos(prefetch_count=1)
+        queue = await channel.get_queue(type(consumer).queue, ensure=False)
+        publisher = await ConfirmingPublisher.open(publish_conn)
+        processor = Processor(consumer, pool, publisher, f"{self.name}:{slot}")
+
+        async def on_message(message: IncomingMessage) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            self._inflight.add(task)
+            try:
+                outcome = await processor.process(message)
+                self.outcomes.append(outcome)
+                del self.outcomes[:-10_000]
+            except Exception:
+                log.exception("unexpected error processing a delivery; it is requeued")
+            finally:
+                self._inflight.discard(task)
+
+        tag = await queue.consume(on_message)
+
+        async def cancel() -> None:
+            await queue.cancel(tag)
+
+        return cancel
+
+    async def _drain(self) -> None:
+        if not self._inflight:
+            return
+        pending = set(self._inflight)
+        log.info(
+            "waiting up to %.0f s for %d in-flight attempt(s)", self.shutdown_timeout, len(pending)
+        )
+        _, still_running = await asyncio.wait(pending, timeout=self.shutdown_timeout)
+        for task in still_running:
+            task.cancel()
+        if still_running:
+            await asyncio.wait(still_running, timeout=10)

@@ -1,0 +1,139 @@
+"""Fixtures shared by every tier.
+
+Integration tests reach RabbitMQ and PostgreSQL through ``RABBITRETRY_AMQP_URL`` and
+``RABBITRETRY_DATABASE_URL`` (defaulting to the local services). When neither variable is set
+and a service does not answer, testcontainers starts one if Docker is available. A service that
+still cannot be reached skips the test locally and fails it under ``CI=true``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import socket
+from collections.abc import AsyncIterator, Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from rabbitretry import db
+from rabbitretry.settings import DEFAULT_AMQP_URL, DEFAULT_DATABASE_URL
+
+TEMPLATE_DB = "rabbitretry_test_template"
+
+
+def _reachable(url: str) -> bool:
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 0), 2):
+            return True
+    except OSError:
+        return False
+
+
+def _unavailable(what: str, url: str) -> None:
+    message = f"{what} is not reachable at {url}"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{message} (CI=true: a missing service fails the run)", pytrace=False)
+    pytest.skip(message)
+
+
+def _from_docker(kind: str) -> str | None:
+    """A throwaway service from testcontainers, for machines with Docker and no URL set."""
+    try:
+        import docker  # type: ignore[import-not-found]
+
+        docker.from_env().ping()
+        if kind == "postgres":
+            from testcontainers.postgres import PostgresContainer  # type: ignore[import-not-found]
+
+            pg = PostgresContainer("postgres:16-alpine", driver=None).start()
+            return str(pg.get_connection_url())
+        from testcontainers.rabbitmq import RabbitMqContainer  # type: ignore[import-not-found]
+
+        mq = RabbitMqContainer("rabbitmq:3.13-alpine").start()
+        return f"amqp://guest:guest@{mq.get_container_host_ip()}:{mq.get_exposed_port(5672)}/"
+    except Exception:
+        return None
+
+
+def _service_url(env: str, default: str, kind: str) -> str:
+    url = os.environ.get(env)
+    if url:
+        return url
+    if _reachable(default):
+        return default
+    return _from_docker(kind) or default
+
+
+@pytest.fixture(scope="session")
+def amqp_url() -> str:
+    url = _service_url("RABBITRETRY_AMQP_URL", DEFAULT_AMQP_URL, "rabbitmq")
+    if not _reachable(url):
+        _unavailable("RabbitMQ", url)
+    return url
+
+
+@pytest.fixture(scope="session")
+def server_database_url() -> str:
+    url = _service_url("RABBITRETRY_DATABASE_URL", DEFAULT_DATABASE_URL, "postgres")
+    if not _reachable(url):
+        _unavailable("PostgreSQL", url)
+    return url
+
+
+def _with_database(url: str, name: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
+
+
+@pytest.fixture(scope="session")
+def template_database(server_database_url: str) -> Iterator[str]:
+    """A migrated database that every test's fresh database is copied from."""
+
+    async def build() -> None:
+        conn = await asyncpg.connect(server_database_url)
+        try:
+            await conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE_DB} WITH (FORCE)")
+            await conn.execute(f"CREATE DATABASE {TEMPLATE_DB}")
+        finally:
+            await conn.close()
+        tmpl = await asyncpg.connect(_with_database(server_database_url, TEMPLATE_DB))
+        try:
+            await db.migrate(tmpl)
+        finally:
+            await tmpl.close()
+
+    asyncio.run(build())
+    yield TEMPLATE_DB
+
+
+@pytest.fixture
+async def database_url(server_database_url: str, template_database: str) -> AsyncIterator[str]:
+    """A fresh, migrated database for this test alone, dropped afterwards."""
+    name = f"rabbitretry_test_{secrets.token_hex(4)}"
+    admin = await asyncpg.connect(server_database_url)
+    try:
+        await admin.execute(f"CREATE DATABASE {name} TEMPLATE {template_database}")
+    finally:
+        await admin.close()
+    yield _with_database(server_database_url, name)
+    admin = await asyncpg.connect(server_database_url)
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await db.create_pool(database_url, min_size=1, max_size=4)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+def queue_name() -> str:
+    """A work queue name no other test uses."""
+    return f"rr-test-{secrets.token_hex(5)}"

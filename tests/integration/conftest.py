@@ -1,0 +1,67 @@
+"""Fixtures for tests against the real broker and database."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from rabbitretry import amqp
+from rabbitretry.topology import Topology
+
+
+@pytest.fixture
+async def amqp_connection(amqp_url: str) -> AsyncIterator[amqp.Connection]:
+    """A robust connection for this test, closed afterwards."""
+    connection = await amqp.connect(amqp_url, name="rabbitretry-tests")
+    yield connection
+    await connection.close()
+
+
+class BrokerCleanup:
+    """Remembers what a test declares (or might declare) so that teardown deletes it."""
+
+    def __init__(self) -> None:
+        self.queues: list[str] = []
+        self.exchanges: list[str] = []
+
+    def topology(self, topology: Topology) -> Topology:
+        self.queues += [q.name for q in topology.queue_declarations()]
+        self.exchanges += [e.name for e in topology.exchanges]
+        return topology
+
+    def queue(self, name: str) -> str:
+        self.queues.append(name)
+        return name
+
+    def exchange(self, name: str) -> str:
+        self.exchanges.append(name)
+        return name
+
+    async def delete_all(self, connection: amqp.Connection) -> None:
+        # Deleting what does not exist is a no-op; a refusal only reopens the probe channel.
+        async with amqp.Prober(connection) as prober:
+            for queue in dict.fromkeys(self.queues):
+                await prober.attempt(_delete_queue(queue))
+            for exchange in dict.fromkeys(self.exchanges):
+                await prober.attempt(_delete_exchange(exchange))
+
+
+def _delete_queue(name: str) -> Callable[[amqp.Channel], Awaitable[object]]:
+    return lambda channel: channel.queue_delete(name)
+
+
+def _delete_exchange(name: str) -> Callable[[amqp.Channel], Awaitable[object]]:
+    return lambda channel: channel.exchange_delete(name)
+
+
+@pytest.fixture
+async def broker_cleanup(amqp_url: str) -> AsyncIterator[BrokerCleanup]:
+    """Register topologies, queues and exchanges; all of them are deleted after the test."""
+    cleanup = BrokerCleanup()
+    yield cleanup
+    connection = await amqp.connect(amqp_url, name="rabbitretry-tests-cleanup")
+    try:
+        await cleanup.delete_all(connection)
+    finally:
+        await connection.close()

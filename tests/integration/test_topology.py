@@ -1,0 +1,260 @@
+"""Declaring, planning and verifying topologies against the real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Literal
+
+import aio_pika
+import pytest
+
+from rabbitretry import amqp
+from rabbitretry.errors import TopologyError
+from rabbitretry.topology import Binding, Exchange, Topology, WorkQueue, declare, plan, verify
+from tests.integration.conftest import BrokerCleanup
+
+QueueType = Literal["classic", "quorum"]
+QUEUE_TYPES: list[QueueType] = ["classic", "quorum"]
+QUORUM_ONLY = ("x-queue-type", "x-dead-letter-strategy", "x-delivery-limit")
+
+
+def make_topology(queue_name: str, queue_type: QueueType = "classic") -> Topology:
+    exchange = f"{queue_name}.x"
+    return Topology(
+        exchanges=[Exchange(name=exchange, type="topic")],
+        queues=[
+            WorkQueue(
+                name=queue_name,
+                type=queue_type,
+                max_delay=4,
+                delivery_limit=5 if queue_type == "quorum" else None,
+                bindings=[Binding(exchange=exchange, routing_key="order.paid")],
+            )
+        ],
+    )
+
+
+async def exists(connection: amqp.Connection, kind: str, name: str) -> bool:
+    async with amqp.Prober(connection) as prober:
+        if kind == "exchange":
+            outcome, _ = await prober.attempt(lambda ch: ch.declare_exchange(name, passive=True))
+        else:
+            outcome, _ = await prober.attempt(lambda ch: ch.declare_queue(name, passive=True))
+    return outcome == "ok"
+
+
+async def get_within(
+    queue: aio_pika.abc.AbstractQueue, seconds: float
+) -> aio_pika.abc.AbstractIncomingMessage | None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        message = await queue.get(no_ack=True, fail=False)
+        if message is not None:
+            return message
+        await asyncio.sleep(0.02)
+    return None
+
+
+@pytest.mark.parametrize("queue_type", QUEUE_TYPES)
+async def test_declare_creates_everything_and_plan_creates_nothing(
+    amqp_connection: amqp.Connection,
+    broker_cleanup: BrokerCleanup,
+    queue_name: str,
+    queue_type: QueueType,
+) -> None:
+    topology = broker_cleanup.topology(make_topology(queue_name, queue_type))
+    queues = [q.name for q in topology.queue_declarations()]
+    assert queues == [
+        queue_name,
+        f"{queue_name}.dead",
+        f"{queue_name}.delay.1s",
+        f"{queue_name}.delay.2s",
+        f"{queue_name}.delay.4s",
+    ]
+
+    before = await plan(amqp_connection, topology)
+    assert [(e.kind, e.action) for e in before.entries] == [
+        ("exchange", "create"),
+        *[("queue", "create")] * 5,
+        ("binding", "ensure"),
+    ]
+    for name in queues:
+        assert not await exists(amqp_connection, "queue", name), "plan must not create"
+    assert not await exists(amqp_connection, "exchange", f"{queue_name}.x")
+
+    applied = await declare(amqp_connection, topology)
+    assert applied == before
+    for name in queues:
+        assert await exists(amqp_connection, "queue", name), name
+    assert await exists(amqp_connection, "exchange", f"{queue_name}.x")
+
+    # The binding works: a message published to the exchange reaches the work queue.
+    async with amqp_connection.channel() as channel:
+        exchange = await channel.get_exchange(f"{queue_name}.x")
+        await exchange.publish(aio_pika.Message(b"{}", message_id="m1"), routing_key="order.paid")
+        work = await channel.get_queue(queue_name)
+        received = await get_within(work, 5)
+        assert received is not None and received.message_id == "m1"
+
+
+@pytest.mark.parametrize("queue_type", QUEUE_TYPES)
+async def test_declaring_twice_changes_nothing(
+    amqp_connection: amqp.Connection,
+    broker_cleanup: BrokerCleanup,
+    queue_name: str,
+    queue_type: QueueType,
+) -> None:
+    topology = broker_cleanup.topology(make_topology(queue_name, queue_type))
+    await declare(amqp_connection, topology)
+    second = await declare(amqp_connection, topology)
+    assert {e.action for e in second.entries} == {"ok", "ensure"}
+    assert {e.action for e in second.entries if e.kind == "binding"} == {"ensure"}
+    assert not second.missing and not second.has_mismatch
+    await verify(amqp_connection, topology)
+
+
+async def test_a_delay_queue_with_another_ttl_is_a_mismatch_and_blocks_declare(
+    amqp_connection: amqp.Connection, broker_cleanup: BrokerCleanup, queue_name: str
+) -> None:
+    topology = broker_cleanup.topology(make_topology(queue_name))
+    delay = f"{queue_name}.delay.2s"
+    wanted = next(q for q in topology.queue_declarations() if q.name == delay).arguments
+    async with amqp_connection.channel() as channel:
+        await channel.declare_queue(
+            delay, durable=True, arguments={**wanted, "x-message-ttl": 5000}
+        )
+
+    current = await plan(amqp_connection, topology)
+    assert current.has_mismatch
+    [mismatch] = current.mismatches
+    assert (mismatch.kind, mismatch.name) == ("queue", delay)
+    assert "inequivalent arg 'x-message-ttl'" in mismatch.detail
+    assert {e.name for e in current.missing} == {
+        f"{queue_name}.x",
+        queue_name,
+        f"{queue_name}.dead",
+        f"{queue_name}.delay.1s",
+        f"{queue_name}.delay.4s",
+    }
+
+    with pytest.raises(TopologyError) as caught:
+        await declare(amqp_connection, topology)
+    message = str(caught.value)
+    assert delay in message and "x-message-ttl" in message
+    assert "nothing was declared" in message and "delete" in message
+    for name in (queue_name, f"{queue_name}.dead", f"{queue_name}.delay.1s"):
+        assert not await exists(amqp_connection, "queue", name), f"{name} was created"
+    assert not await exists(amqp_connection, "exchange", f"{queue_name}.x")
+
+
+async def test_a_classic_queue_where_quorum_is_wanted_is_a_mismatch(
+    amqp_connection: amqp.Connection, broker_cleanup: BrokerCleanup, queue_name: str
+) -> None:
+    topology = broker_cleanup.topology(make_topology(queue_name, "quorum"))
+    wanted = topology.queue_declarations()[0].arguments
+    classic = {k: v for k, v in wanted.items() if k not in QUORUM_ONLY}
+    async with amqp_connection.channel() as channel:
+        # The arguments a classic queue accepts, as wanted, so that the queue
+        # type is the difference the broker reports.
+        await channel.declare_queue(queue_name, durable=True, arguments=classic)
+
+    [mismatch] = (await plan(amqp_connection, topology)).mismatches
+    assert mismatch.name == queue_name
+    assert "inequivalent arg 'x-queue-type'" in mismatch.detail
+    with pytest.raises(TopologyError, match="x-queue-type"):
+        await declare(amqp_connection, topology)
+    assert not await exists(amqp_connection, "queue", f"{queue_name}.dead")
+
+
+async def test_an_exchange_of_another_type_is_a_mismatch(
+    amqp_connection: amqp.Connection, broker_cleanup: BrokerCleanup, queue_name: str
+) -> None:
+    topology = broker_cleanup.topology(make_topology(queue_name))
+    async with amqp_connection.channel() as channel:
+        await channel.declare_exchange(f"{queue_name}.x", type="direct", durable=True)
+
+    [mismatch] = (await plan(amqp_connection, topology)).mismatches
+    assert (mismatch.kind, mismatch.name) == ("exchange", f"{queue_name}.x")
+    assert "inequivalent arg 'type'" in mismatch.detail
+
+
+@pytest.mark.parametrize("queue_type", QUEUE_TYPES)
+async def test_a_delayed_copy_comes_back_to_its_work_queue_only(
+    amqp_connection: amqp.Connection,
+    broker_cleanup: BrokerCleanup,
+    queue_name: str,
+    queue_type: QueueType,
+) -> None:
+    exchange = f"{queue_name}.x"
+    other = f"{queue_name}-other"
+    topology = broker_cleanup.topology(
+        Topology(
+            exchanges=[Exchange(name=exchange)],
+            queues=[
+                WorkQueue(
+                    name=queue_name,
+                    type=queue_type,
+                    max_delay=2,
+                    bindings=[Binding(exchange=exchange, routing_key="order.paid")],
+                ),
+                # Bound to everything on the same exchange: if a delay queue dead-lettered
+                # through that exchange (with any routing key), this queue would get a copy.
+                WorkQueue(
+                    name=other, max_delay=1, bindings=[Binding(exchange=exchange, routing_key="#")]
+                ),
+            ],
+        )
+    )
+    await declare(amqp_connection, topology)
+
+    async with amqp_connection.channel() as channel:
+        started = time.monotonic()
+        await channel.default_exchange.publish(
+            aio_pika.Message(
+                b"{}", message_id="retry-1", delivery_mode=aio_pika.DeliveryMode.PERSISTENT
+            ),
+            routing_key=f"{queue_name}.delay.1s",
+        )
+        work = await channel.get_queue(queue_name)
+        arrived = await get_within(work, 10)
+        elapsed = time.monotonic() - started
+        assert arrived is not None, "the delayed copy never reached the work queue"
+        assert arrived.message_id == "retry-1"
+        assert 0.9 <= elapsed < 5, elapsed
+        deaths = arrived.headers["x-death"]
+        assert isinstance(deaths, list) and len(deaths) == 1
+        death = deaths[0]
+        assert isinstance(death, dict)
+        assert death["queue"] == f"{queue_name}.delay.1s"
+        assert death["reason"] == "expired"
+
+        await asyncio.sleep(0.3)
+        for name in (other, f"{other}.delay.1s", f"{queue_name}.dead", f"{queue_name}.delay.1s"):
+            queue = await channel.get_queue(name)
+            assert await queue.get(no_ack=True, fail=False) is None, f"a copy reached {name}"
+
+
+async def test_verify_raises_when_anything_is_missing_or_mismatched(
+    amqp_connection: amqp.Connection, broker_cleanup: BrokerCleanup, queue_name: str
+) -> None:
+    topology = broker_cleanup.topology(make_topology(queue_name, "quorum"))
+    with pytest.raises(TopologyError) as caught:
+        await verify(amqp_connection, topology)
+    message = str(caught.value)
+    assert "rabbitretry topology declare" in message and "--declare" in message
+    assert f"queue '{queue_name}.delay.4s': missing" in message
+
+    await declare(amqp_connection, topology)
+    await verify(amqp_connection, topology)
+
+    async with amqp_connection.channel() as channel:
+        await channel.queue_delete(f"{queue_name}.delay.2s")
+        await channel.queue_delete(f"{queue_name}.dead")
+        await channel.declare_queue(f"{queue_name}.dead", durable=True)  # classic, not quorum
+    with pytest.raises(TopologyError) as caught:
+        await verify(amqp_connection, topology)
+    message = str(caught.value)
+    assert f"queue '{queue_name}.delay.2s': missing" in message
+    assert f"queue '{queue_name}.dead': PRECONDITION_FAILED" in message
+    assert "cannot change in place" in message and "--declare" in message
