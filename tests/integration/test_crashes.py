@@ -1,0 +1,231 @@
+"""Workers that die or are stopped mid-handler, in real subprocesses."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from tests.integration import crash_consumers
+from tests.integration.harness import delete_topology, publish, wait_for, wait_status
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-c", "from rabbitretry.cli import main; main()"]
+
+
+class WorkerProcess:
+    """``rabbitretry run`` in a child process, one per call to :meth:`start`."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self, *extra: str) -> None:
+        self.proc = subprocess.Popen(
+            [*CLI, "run", "tests.integration.crash_consumers:Crashy", "--declare", *extra],
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        self.starts += 1
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    async def exited(self, timeout: float = 30) -> int:
+        assert self.proc is not None
+        proc = self.proc
+        return await asyncio.wait_for(asyncio.to_thread(proc.wait), timeout)
+
+
+@pytest.fixture
+def events(tmp_path: Path) -> Path:
+    path = tmp_path / "events.log"
+    path.touch()
+    return path
+
+
+@pytest.fixture
+def worker_env(amqp_url: str, database_url: str, queue_name: str, events: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "RABBITRETRY_AMQP_URL": amqp_url,
+        "RABBITRETRY_DATABASE_URL": database_url,
+        "RR_TEST_QUEUE": queue_name,
+        "RR_EVENTS": str(events),
+        "RR_LEASE": "2",
+    }
+
+
+@pytest.fixture
+async def worker(
+    worker_env: dict[str, str], amqp_url: str, queue_name: str
+) -> AsyncIterator[WorkerProcess]:
+    process = WorkerProcess(worker_env)
+    yield process
+    process.kill()
+    crash_consumers.Crashy.queue = queue_name
+    await delete_topology(amqp_url, [crash_consumers.Crashy])
+
+
+def event_lines(events: Path, kind: str) -> list[str]:
+    return [line for line in events.read_text().splitlines() if line.startswith(kind + " ")]
+
+
+async def started(events: Path, count: int) -> None:
+    async def enough() -> bool:
+        return len(event_lines(events, "start")) >= count
+
+    enough.__name__ = f"{count} handler start(s)"
+    await wait_for(enough, timeout=30)
+
+
+async def attempts(pool: asyncpg.Pool, queue: str, key: str) -> list[asyncpg.Record]:
+    return await pool.fetch(
+        "SELECT attempt, outcome FROM rabbitretry.attempt"
+        " WHERE queue = $1 AND message_id = $2 ORDER BY attempt",
+        queue,
+        key,
+    )
+
+
+async def test_sigkill_mid_handler_is_redelivered_and_counted(
+    worker: WorkerProcess,
+    worker_env: dict[str, str],
+    pool: asyncpg.Pool,
+    amqp_url: str,
+    queue_name: str,
+    events: Path,
+) -> None:
+    worker_env["RR_MODE"] = "hang-first"
+    worker.start()
+    await publish_when_ready(amqp_url, queue_name, pool, "k1")
+    await started(events, 1)
+    worker.kill()  # SIGKILL: no cleanup, no ack, no ledger update
+
+    worker.start()
+    await wait_status(pool, queue_name, "k1", "succeeded", timeout=30)
+    assert [tuple(r) for r in await attempts(pool, queue_name, "k1")] == [
+        (1, "crashed"),
+        (2, "succeeded"),
+    ]
+    assert len(event_lines(events, "done")) == 1
+
+
+async def test_handler_that_always_exits_dies_after_max_attempts(
+    worker: WorkerProcess,
+    worker_env: dict[str, str],
+    pool: asyncpg.Pool,
+    amqp_url: str,
+    queue_name: str,
+    events: Path,
+) -> None:
+    worker_env["RR_MODE"] = "exit-always"
+    worker.start()
+    await publish_when_ready(amqp_url, queue_name, pool, "k2")
+    # Play supervisor: restart the worker each time the handler takes it down, a bounded
+    # number of times. The ledger must end the loop on its own.
+    for _ in range(8):
+        await wait_for(lambda: either_dead_or_exited(worker, pool, queue_name), timeout=30)
+        if await status_is(pool, queue_name, "k2", "dead"):
+            break
+        worker.start()
+    await wait_status(pool, queue_name, "k2", "dead", timeout=5)
+    row = await pool.fetchrow(
+        "SELECT attempts, reason FROM rabbitretry.ledger WHERE queue = $1 AND message_id = 'k2'",
+        queue_name,
+    )
+    assert row is not None
+    assert (row["attempts"], row["reason"]) == (3, "crashed")
+    assert [r["outcome"] for r in await attempts(pool, queue_name, "k2")] == ["crashed"] * 3
+    assert len(event_lines(events, "start")) == 3  # the handler never ran a fourth time
+
+
+async def test_sigterm_lets_the_attempt_finish(
+    worker: WorkerProcess,
+    worker_env: dict[str, str],
+    pool: asyncpg.Pool,
+    amqp_url: str,
+    queue_name: str,
+    events: Path,
+) -> None:
+    worker_env.update(RR_MODE="slow", RR_SLEEP="1.5")
+    worker.start("--shutdown-timeout", "20")
+    await publish_when_ready(amqp_url, queue_name, pool, "k3")
+    await started(events, 1)
+    assert worker.proc is not None
+    worker.proc.send_signal(signal.SIGTERM)
+    assert await worker.exited() == 0
+    assert await status_is(pool, queue_name, "k3", "succeeded")
+    assert [tuple(r) for r in await attempts(pool, queue_name, "k3")] == [(1, "succeeded")]
+
+
+async def test_sigterm_past_the_timeout_requeues_without_counting(
+    worker: WorkerProcess,
+    worker_env: dict[str, str],
+    pool: asyncpg.Pool,
+    amqp_url: str,
+    queue_name: str,
+    events: Path,
+) -> None:
+    worker_env.update(RR_MODE="slow", RR_SLEEP="30")
+    worker.start("--shutdown-timeout", "0.5")
+    await publish_when_ready(amqp_url, queue_name, pool, "k4")
+    await started(events, 1)
+    assert worker.proc is not None
+    worker.proc.send_signal(signal.SIGTERM)
+    assert await worker.exited() == 0
+    row = await pool.fetchrow(
+        "SELECT status, attempts, attempts_forgiven FROM rabbitretry.ledger"
+        " WHERE queue = $1 AND message_id = 'k4'",
+        queue_name,
+    )
+    assert row is not None
+    assert tuple(row) == ("retrying", 1, 1)  # requeued, and the attempt does not count
+    assert [tuple(r) for r in await attempts(pool, queue_name, "k4")] == [(1, "interrupted")]
+
+    worker_env["RR_SLEEP"] = "0"
+    worker.start()
+    await wait_status(pool, queue_name, "k4", "succeeded", timeout=30)
+    outcomes = [r["outcome"] for r in await attempts(pool, queue_name, "k4")]
+    assert outcomes == ["interrupted", "succeeded"]
+    assert "dead" not in outcomes
+
+
+async def publish_when_ready(amqp_url: str, queue: str, pool: asyncpg.Pool, key: str) -> None:
+    """Publish once the worker has declared its queue (it runs with --declare)."""
+
+    async def declared() -> bool:
+        try:
+            await publish(amqp_url, queue, {"n": 1}, message_id=key)
+        except Exception:
+            return False
+        return True
+
+    declared.__name__ = f"queue {queue} declared"
+    await wait_for(declared, timeout=30, interval=0.3)
+
+
+async def status_is(pool: asyncpg.Pool, queue: str, key: str, status: str) -> bool:
+    value = await pool.fetchval(
+        "SELECT status FROM rabbitretry.ledger WHERE queue = $1 AND message_id = $2", queue, key
+    )
+    return bool(value == status)
+
+
+async def either_dead_or_exited(worker: WorkerProcess, pool: asyncpg.Pool, queue: str) -> bool:
+    assert worker.proc is not None
+    return worker.proc.poll() is not None or await status_is(pool, queue, "k2", "dead")
