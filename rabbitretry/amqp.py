@@ -35,6 +35,7 @@ BROKER_HEADERS = ("x-death", "x-first-death-", "x-last-death-", "x-delivery-coun
 
 CHANNEL_ERRORS = (
     aiormq.exceptions.AMQPError,
+    aiormq.exceptions.ChannelInvalidStateError,  # a RuntimeError, not an AMQPError
     aio_pika.exceptions.AMQPException,
     ConnectionError,
     asyncio.TimeoutError,

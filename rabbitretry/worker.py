@@ -128,22 +128,28 @@ class Worker:
     ) -> Any:
         channel = await consume_conn.channel()
         await channel.set_qos(prefetch_count=1)
-        queue = await channel.get_queue(type(consumer).queue, ensure=False)
+        # declare (passively) rather than get: a robust channel restores only declared queues
+        # and their consumers after a reconnect.
+        queue = await channel.declare_queue(type(consumer).queue, passive=True)
         publisher = await ConfirmingPublisher.open(publish_conn)
         processor = Processor(consumer, pool, publisher, f"{self.name}:{slot}")
 
-        async def on_message(message: IncomingMessage) -> None:
-            task = asyncio.current_task()
-            assert task is not None
-            self._inflight.add(task)
+        async def attempt(message: IncomingMessage) -> None:
             try:
-                outcome = await processor.process(message)
-                self.outcomes.append(outcome)
+                self.outcomes.append(await processor.process(message))
                 del self.outcomes[:-10_000]
             except Exception:
-                log.exception("unexpected error processing a delivery; it is requeued")
-            finally:
-                self._inflight.discard(task)
+                log.exception("unexpected error processing a delivery; the broker redelivers it")
+
+        async def on_message(message: IncomingMessage) -> None:
+            # aiormq cancels its callback tasks when the channel closes (a connection blip);
+            # the attempt runs in a task of the worker's own so that a blip cannot cut a
+            # handler short. Its ack then fails, the broker redelivers, the ledger drops it.
+            task = asyncio.create_task(attempt(message))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(task)
 
         tag = await queue.consume(on_message)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -19,6 +20,7 @@ from tests.integration.harness import (
     wait_for,
     wait_status,
 )
+from tests.proxy import Proxy
 
 pytestmark = pytest.mark.asyncio
 
@@ -33,6 +35,7 @@ def make_consumer(
     *,
     queue_type: str = "classic",
     policy: RetryPolicy | None = None,
+    **attributes: Any,
 ) -> type[Consumer[Job]]:
     class TestConsumer(Consumer[Job]):
         async def handle(self, msg: Job, ctx: Context) -> None:
@@ -41,6 +44,8 @@ def make_consumer(
     TestConsumer.queue = queue
     TestConsumer.queue_type = queue_type  # type: ignore[assignment]
     TestConsumer.retry = policy or RetryPolicy(max_attempts=3, initial_delay=1.0, jitter=0.0)
+    for name, value in attributes.items():
+        setattr(TestConsumer, name, value)
     return TestConsumer
 
 
@@ -264,3 +269,145 @@ async def _queue_depth(amqp_url: str, queue: str) -> int:
 
 async def _queue_has(amqp_url: str, queue: str, count: int) -> bool:
     return await _queue_depth(amqp_url, queue) >= count
+
+
+async def test_too_large_body_is_dead_unread(
+    amqp_url: str,
+    database_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+) -> None:
+    async def handler(msg: Job, ctx: Context) -> None:
+        raise AssertionError("a too-large body must not reach the handler")
+
+    consumer = make_consumer(queue_name, handler, max_body_bytes=64)
+    cleanup.append(consumer)
+    body = b'{"n": 1, "padding": "' + b"x" * 100 + b'"}'
+    async with running_worker([consumer], amqp_url, database_url):
+        await publish(amqp_url, queue_name, body, message_id="big")
+        await wait_status(pool, queue_name, "big", "dead")
+    row = await entry(pool, queue_name, "big")
+    assert (row["reason"], row["attempts"]) == ("too-large", 0)
+    assert "over the limit of 64 bytes" in row["error_message"]
+    assert bytes(row["payload"]) == body  # kept whole: nothing is lost
+
+
+async def test_attempt_timeout_fails_the_attempt(
+    amqp_url: str,
+    database_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+) -> None:
+    async def handler(msg: Job, ctx: Context) -> None:
+        await asyncio.sleep(30)
+
+    policy = RetryPolicy(max_attempts=2, initial_delay=1.0, jitter=0.0)
+    consumer = make_consumer(queue_name, handler, policy=policy, timeout=0.3)
+    cleanup.append(consumer)
+    async with running_worker([consumer], amqp_url, database_url):
+        await publish(amqp_url, queue_name, {"n": 1}, message_id="slow")
+        await wait_status(pool, queue_name, "slow", "dead", timeout=20)
+    row = await entry(pool, queue_name, "slow")
+    assert (row["error_type"], row["attempts"]) == ("TimeoutError", 2)
+
+
+async def test_immediate_retries_stay_within_one_attempt(
+    amqp_url: str,
+    database_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+) -> None:
+    calls = 0
+
+    async def handler(msg: Job, ctx: Context) -> None:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise ConnectionError("blip")
+
+    policy = RetryPolicy(max_attempts=2, immediate_retries=2, immediate_delay=0.01)
+    consumer = make_consumer(queue_name, handler, policy=policy)
+    cleanup.append(consumer)
+    async with running_worker([consumer], amqp_url, database_url):
+        await publish(amqp_url, queue_name, {"n": 1}, message_id="blip")
+        await wait_status(pool, queue_name, "blip", "succeeded")
+    assert calls == 3
+    assert (await entry(pool, queue_name, "blip"))["attempts"] == 1
+
+
+async def test_lease_is_renewed_while_a_long_handler_runs(
+    amqp_url: str,
+    database_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+) -> None:
+    started = asyncio.Event()
+    runs = 0
+
+    async def handler(msg: Job, ctx: Context) -> None:
+        nonlocal runs
+        runs += 1
+        started.set()
+        await asyncio.sleep(4)  # well past the 1.5 s lease: only renewal keeps the claim
+
+    consumer = make_consumer(queue_name, handler, lease=1.5)
+    cleanup.append(consumer)
+    async with running_worker([consumer], amqp_url, database_url, concurrency=2) as worker:
+        await publish(amqp_url, queue_name, {"n": 1}, message_id="long")
+        await asyncio.wait_for(started.wait(), 10)
+        await publish(amqp_url, queue_name, {"n": 1}, message_id="long")  # a duplicate copy
+        await wait_status(pool, queue_name, "long", "succeeded", timeout=20)
+
+        async def duplicate_dropped() -> bool:
+            return any(o.result == "dropped" for o in worker.outcomes)
+
+        await wait_for(duplicate_dropped, timeout=10)
+    assert runs == 1
+    assert any(o.result == "parked" for o in worker.outcomes)  # the copy waited for the lease
+    assert (await entry(pool, queue_name, "long"))["attempts"] == 1
+
+
+async def test_connection_loss_mid_handler_loses_nothing_and_runs_once(
+    amqp_url: str,
+    database_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+) -> None:
+    parts = urlsplit(amqp_url)
+    proxy = await Proxy(parts.hostname or "127.0.0.1", parts.port or 5672).start()
+    release = asyncio.Event()
+    runs = 0
+
+    async def handler(msg: Job, ctx: Context) -> None:
+        nonlocal runs
+        runs += 1
+        await release.wait()
+
+    consumer = make_consumer(queue_name, handler)
+    cleanup.append(consumer)
+    try:
+        async with running_worker([consumer], proxy.url_for(amqp_url), database_url) as worker:
+            await publish(amqp_url, queue_name, {"n": 1}, message_id="cut")
+            await wait_for(lambda: _async(runs == 1))
+            await proxy.cut()  # the broker requeues the unacked delivery
+            release.set()  # the handler finishes; its ack cannot reach the old channel
+            await wait_status(pool, queue_name, "cut", "succeeded")
+
+            async def redelivery_dropped() -> bool:
+                return any(o.result == "dropped" for o in worker.outcomes)
+
+            await wait_for(redelivery_dropped, timeout=30)
+            await wait_for(lambda: _queue_is_empty(amqp_url, queue_name), timeout=10)
+    finally:
+        await proxy.close()
+    assert runs == 1
+    assert len(await attempt_rows(pool, queue_name, "cut")) == 1
+
+
+async def _queue_is_empty(amqp_url: str, queue: str) -> bool:
+    return await _queue_depth(amqp_url, queue) == 0
