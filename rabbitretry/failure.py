@@ -17,7 +17,7 @@ MAX_TRACEBACK = 8_000
 _VARIABLE_PARTS = [
     re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"),
     re.compile(r"0x[0-9a-fA-F]+"),
-    re.compile(r"'[^']*'|\"[^\"]*\""),
+    re.compile(r"(?<!\w)'[^']*'|\"[^\"]*\""),  # quoted values, not apostrophes in words
     re.compile(r"\d+(\.\d+)?"),
 ]
 

@@ -10,7 +10,7 @@ Pure functions, no I/O. For a work queue ``Q``:
 A delay of ``d`` seconds is covered by hops: the copy is parked in the longest rung that does
 not overshoot the time still remaining; when it comes back early, the worker parks it again
 for the rest. A copy therefore never arrives before its due time and at most one short rung
-(< 1 s) after it, with at most ``log2(d) + 1`` hops and ``log2(max_delay) + 1`` queues.
+(< 1 s) after it, with at most ``log2(d) + 2`` hops and ``log2(max_delay) + 1`` queues.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ attempt and carries the answer out.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Literal
@@ -66,8 +67,15 @@ class RetryPolicy(BaseModel):
         """The delay before the attempt after ``attempt`` (1-based), before jitter."""
         if attempt < 1:
             raise ValueError("attempts are counted from 1")
-        exponent = min(attempt - 1, 1024)  # keeps the float finite for absurd attempt counts
-        return float(min(self.max_delay, self.initial_delay * self.multiplier**exponent))
+        if self.initial_delay == 0:
+            return 0.0
+        if self.multiplier > 1:
+            # Compare exponents first: multiplier ** (attempt - 1) overflows a float long
+            # before attempt counts stop being plausible.
+            reaches_cap = math.log(self.max_delay / self.initial_delay) / math.log(self.multiplier)
+            if attempt - 1 >= reaches_cap:
+                return self.max_delay
+        return min(self.max_delay, self.initial_delay * self.multiplier ** (attempt - 1))
 
     def delay_after(self, attempt: int, rng: random.Random | None = None) -> float:
         """The jittered delay before the next attempt, within ``[0, max_delay]``."""
