@@ -8,6 +8,7 @@ connection with consumers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from types import TracebackType
@@ -22,7 +23,13 @@ from aio_pika.abc import (
     DeliveryMode,
 )
 
-from rabbitretry.errors import PublishError, ServiceUnavailable, TopologyError, UnroutableError
+from rabbitretry.errors import (
+    ConnectionLost,
+    PublishError,
+    ServiceUnavailable,
+    TopologyError,
+    UnroutableError,
+)
 from rabbitretry.settings import mask_url
 
 IncomingMessage = AbstractIncomingMessage
@@ -127,13 +134,26 @@ class ConfirmingPublisher:
     :class:`UnroutableError`, and a broker nack or a lost channel is a :class:`PublishError`.
     """
 
-    def __init__(self, channel: Channel) -> None:
+    def __init__(self, connection: Connection, channel: Channel) -> None:
+        self._connection = connection
         self._channel = channel
 
     @classmethod
     async def open(cls, connection: Connection) -> ConfirmingPublisher:
-        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        return cls(channel)
+        return cls(connection, await cls._new_channel(connection))
+
+    @staticmethod
+    async def _new_channel(connection: Connection) -> Channel:
+        return await connection.channel(publisher_confirms=True, on_return_raises=True)
+
+    async def _ready_channel(self) -> Channel:
+        # The broker closes a channel on a publish to a missing exchange (404); the next
+        # message gets a new one instead of failing too.
+        if self._channel.is_closed and not self._connection.is_closed:
+            with contextlib.suppress(*CHANNEL_ERRORS):
+                await self._channel.close()
+            self._channel = await self._new_channel(self._connection)
+        return self._channel
 
     async def publish(
         self,
@@ -156,12 +176,10 @@ class ConfirmingPublisher:
             **props,
         )
         try:
-            target = (
-                self._channel.default_exchange
-                if exchange == ""
-                else await self._channel.get_exchange(exchange, ensure=False)
-            )
-            await target.publish(message, routing_key=routing_key, mandatory=True, timeout=timeout)
+            # Bounded as a whole: on a robust connection that is reconnecting, getting the
+            # channel waits for the reconnect, which may never come.
+            async with asyncio.timeout(timeout):
+                await self._publish(message, exchange, routing_key)
         except aio_pika.exceptions.PublishError as error:
             raise UnroutableError(
                 f"no queue is bound for exchange {exchange or '(default)'!r} "
@@ -169,10 +187,25 @@ class ConfirmingPublisher:
             ) from error
         except aio_pika.exceptions.DeliveryError as error:
             raise PublishError(f"the broker refused message {message_id!r}: {error}") from error
-        except CHANNEL_ERRORS as error:
-            raise PublishError(
+        except (*CHANNEL_ERRORS, RuntimeError) as error:
+            # aio-pika raises a bare RuntimeError for a channel whose connection has closed.
+            raise ConnectionLost(
                 f"publishing message {message_id!r} failed: {error or type(error).__name__}"
             ) from error
+
+    async def _publish(self, message: aio_pika.Message, exchange: str, routing_key: str) -> None:
+        channel = await self._ready_channel()
+        target = (
+            channel.default_exchange
+            if exchange == ""
+            else await channel.get_exchange(exchange, ensure=False)
+        )
+        await target.publish(message, routing_key=routing_key, mandatory=True)
+
+    @property
+    def available(self) -> bool:
+        """False while the connection is down (a robust connection is reconnecting)."""
+        return not self._connection.is_closed
 
     async def close(self) -> None:
         if not self._channel.is_closed:

@@ -15,6 +15,7 @@ a ``dict``, a ``TypedDict``). Everything else is a class attribute with a sane d
 
 from __future__ import annotations
 
+import contextlib
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import TypeAdapter
 
+from rabbitretry.db import Connection
+from rabbitretry.effects import AttemptTransaction
 from rabbitretry.errors import ConfigurationError
 from rabbitretry.retry import RetryPolicy
 from rabbitretry.topology.model import Binding, QueueType, WorkQueue
@@ -47,6 +50,23 @@ class Context:
     headers: Mapping[str, Any] = field(default_factory=dict)
     x_death: Sequence[Mapping[str, Any]] = ()
     """The broker's dead-letter history: a hint for logs, never used to decide anything."""
+    effects: AttemptTransaction | None = field(default=None, repr=False, compare=False)
+
+    def transaction(self) -> contextlib.AbstractAsyncContextManager[Connection]:
+        """A connection in a transaction that commits with the ledger's success mark.
+
+        ::
+
+            async with ctx.transaction() as conn:
+                await conn.execute("INSERT INTO points_flow ...")
+
+        The transaction commits after ``handle()`` returns, together with the message's
+        ``succeeded`` mark, so the effects happen exactly once. If the handler raises, they
+        roll back and the attempt is retried.
+        """
+        if self.effects is None:
+            raise RuntimeError("this Context has no database: it was not made by a worker")
+        return self.effects.scope()
 
     @property
     def is_last_attempt(self) -> bool:

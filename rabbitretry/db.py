@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from functools import cache
 from importlib import resources
 from typing import Any
 
 import asyncpg
+import asyncpg.pool
+import asyncpg.transaction
 
 from rabbitretry.errors import ServiceUnavailable
 from rabbitretry.settings import mask_url
 
 Pool = asyncpg.Pool
-Connection = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+PooledConnection = asyncpg.pool.PoolConnectionProxy
+Connection = asyncpg.Connection | PooledConnection
+Transaction = asyncpg.transaction.Transaction
 Record = asyncpg.Record
+
+# What a lost or failing database connection raises.
+UNAVAILABLE = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncio.TimeoutError)
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _MIGRATION_FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")

@@ -8,8 +8,9 @@
     ├── ConfigurationError            a consumer, policy or topology that cannot work
     ├── TopologyError                 the broker's queues do not match what is needed
     ├── ServiceUnavailable            RabbitMQ or Postgres cannot be reached
-    └── PublishError                  the broker did not take a message (nack, channel loss)
-        └── UnroutableError           the broker took it but no queue was bound to receive it
+    └── PublishError                  the broker did not confirm a message
+        ├── UnroutableError           the broker took it but no queue was bound to receive it
+        └── ConnectionLost            the channel or connection failed before the confirm
 """
 
 from __future__ import annotations
@@ -49,8 +50,13 @@ class ServiceUnavailable(RabbitRetryError):
 
 
 class PublishError(RabbitRetryError):
-    """The broker refused a message (nack) or the channel failed before it confirmed."""
+    """The broker did not confirm a message: it refused it (nack) or the channel failed."""
 
 
 class UnroutableError(PublishError):
     """The broker returned a mandatory message: no queue is bound for its routing key."""
+
+
+class ConnectionLost(PublishError):
+    """The channel or connection failed before the broker confirmed: the message may or may
+    not have arrived. Publishing it again is safe when consumers deduplicate by message_id."""

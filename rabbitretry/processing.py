@@ -13,10 +13,9 @@ import contextlib
 import hashlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-import asyncpg
 import pydantic
 
 from rabbitretry import ledger, naming
@@ -28,7 +27,8 @@ from rabbitretry.amqp import (
     without_broker_headers,
 )
 from rabbitretry.consumer import Consumer, Context
-from rabbitretry.db import Pool
+from rabbitretry.db import UNAVAILABLE, Connection, Pool
+from rabbitretry.effects import AttemptTransaction, TransactionRolledBack
 from rabbitretry.errors import PublishError
 from rabbitretry.failure import Failure, describe, rejection
 from rabbitretry.ledger import Claim, Key, Snapshot
@@ -37,7 +37,6 @@ log = logging.getLogger("rabbitretry.worker")
 
 ATTEMPTS_HEADER = "x-rabbitretry-attempts"
 REQUEUE_PAUSE = 1.0  # seconds before requeueing a delivery we could not settle
-LEDGER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncio.TimeoutError)
 
 
 @dataclass(frozen=True)
@@ -75,7 +74,7 @@ class Processor:
         except asyncio.CancelledError:
             await _settle(message, requeue=True)
             raise
-        except LEDGER_ERRORS as error:
+        except UNAVAILABLE as error:
             log.error("%s: the ledger is unreachable (%s); message requeued", self.queue, error)
             return await self._requeue(message, None)
         except PublishError as error:
@@ -156,7 +155,7 @@ class Processor:
         )
         try:
             async with self._lease_kept(key, claim.attempt):
-                await self._run_handler(payload, ctx)
+                effects = await self._run_handler(payload, ctx)
         except asyncio.CancelledError:
             await asyncio.shield(ledger.interrupt(self.pool, key, claim.attempt))
             log.warning("%s: attempt %d interrupted by shutdown, requeued", key, claim.attempt)
@@ -164,23 +163,50 @@ class Processor:
         except Exception as error:
             return await self._failed(key, claim, error, snapshot)
 
-        if not await ledger.finish(self.pool, key, claim.attempt, "succeeded"):
-            log.warning("%s: attempt %d succeeded after losing its lease", key, claim.attempt)
+        async def mark_succeeded(conn: Connection | Pool) -> bool:
+            return await ledger.finish(conn, key, claim.attempt, "succeeded")
+
+        committed = (
+            await effects.commit_with(mark_succeeded)
+            if effects.open
+            else await mark_succeeded(self.pool)
+        )
+        if not committed:
+            log.warning(
+                "%s: attempt %d finished after losing its claim to another attempt%s",
+                key,
+                claim.attempt,
+                "; its transaction was rolled back" if effects.open else "",
+            )
+            return Outcome(key, "dropped", claim.attempt)
         return Outcome(key, "succeeded", claim.attempt)
 
-    async def _run_handler(self, payload: Any, ctx: Context) -> None:
+    async def _run_handler(self, payload: Any, ctx: Context) -> AttemptTransaction:
+        """Run the handler (with in-process retries); the transaction of the try that worked."""
         consumer_type = type(self.consumer)
         tries = self.policy.immediate_retries + 1
         for attempt_try in range(1, tries + 1):
+            effects = AttemptTransaction(self.pool)
             try:
                 async with asyncio.timeout(consumer_type.timeout):
-                    await self.consumer.handle(payload, ctx)
-                return
-            except Exception as error:
-                if attempt_try == tries or not self.policy.is_retryable(error):
+                    await self.consumer.handle(payload, replace(ctx, effects=effects))
+                if effects.rolled_back_by is not None:
+                    raise TransactionRolledBack(
+                        "the handler returned normally although its transaction rolled back "
+                        f"on {effects.rolled_back_by!r}; a swallowed error is not a success"
+                    ) from effects.rolled_back_by
+                return effects
+            except BaseException as error:
+                await effects.close()
+                if (
+                    attempt_try == tries
+                    or not isinstance(error, Exception)
+                    or not self.policy.is_retryable(error)
+                ):
                     raise
                 log.info("%s/%s: %r, retrying in-process", ctx.queue, ctx.message_id, error)
                 await asyncio.sleep(self.policy.immediate_delay)
+        raise AssertionError("unreachable: the last try returns or raises")
 
     async def _failed(
         self, key: Key, claim: Claim, error: Exception, snapshot: Snapshot
@@ -293,7 +319,7 @@ class Processor:
                     if not await ledger.renew_lease(self.pool, key, attempt, lease):
                         log.warning("%s: attempt %d lost its lease", key, attempt)
                         return
-                except LEDGER_ERRORS as error:
+                except UNAVAILABLE as error:
                     log.warning("%s: lease renewal failed (%s), will try again", key, error)
 
         renewer = asyncio.create_task(renew())

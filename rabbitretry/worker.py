@@ -27,6 +27,8 @@ from rabbitretry.topology import Exchange, Topology, declare, verify
 
 log = logging.getLogger("rabbitretry.worker")
 
+BROKER_SHUTDOWN_TIMEOUT = 5.0
+
 
 def topology_of(consumers: Sequence[type[Consumer[Any]]]) -> Topology:
     """The topology these consumers need, derived from their class attributes."""
@@ -39,9 +41,16 @@ def topology_of(consumers: Sequence[type[Consumer[Any]]]) -> Topology:
 
 @dataclass
 class Worker:
+    """Runs consumers until :meth:`stop` (or SIGTERM/SIGINT with ``install_signal_handlers``).
+
+    The ledger is reached through ``database_url``, or through an application's own asyncpg
+    ``pool`` on the same database (then ``ctx.transaction()`` uses that pool too).
+    """
+
     consumers: Sequence[type[Consumer[Any]]]
     amqp_url: str
-    database_url: str
+    database_url: str | None = None
+    pool: db.Pool | None = None
     concurrency: int = 1
     shutdown_timeout: float = 30.0
     declare_topology: bool = False
@@ -63,13 +72,8 @@ class Worker:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
-        pool = await db.create_pool(
-            self.database_url,
-            min_size=1,
-            max_size=self.concurrency * len(self.consumers) + 2,
-        )
         async with contextlib.AsyncExitStack() as stack:
-            stack.push_async_callback(pool.close)
+            pool = await self._ledger_pool(stack)
             async with pool.acquire() as conn:
                 pending = await db.pending_migrations(conn)
             if pending:
@@ -80,11 +84,11 @@ class Worker:
             consume_conn = await amqp.connect(
                 self.amqp_url, name=f"rabbitretry-consume {self.name}"
             )
-            stack.push_async_callback(consume_conn.close)
+            stack.push_async_callback(_close, consume_conn)
             publish_conn = await amqp.connect(
                 self.amqp_url, name=f"rabbitretry-publish {self.name}"
             )
-            stack.push_async_callback(publish_conn.close)
+            stack.push_async_callback(_close, publish_conn)
 
             topology = topology_of(self.consumers)
             if self.declare_topology:
@@ -113,10 +117,22 @@ class Worker:
             await self._stopping.wait()
             log.info("worker %s stopping: no new deliveries, finishing in-flight work", self.name)
             for cancel in cancel_consumers:
+                # Bounded: with the broker away, a cancel would wait for a reconnect.
                 with contextlib.suppress(*amqp.CHANNEL_ERRORS):
-                    await cancel()
+                    await asyncio.wait_for(cancel(), BROKER_SHUTDOWN_TIMEOUT)
             await self._drain()
             log.info("worker %s stopped", self.name)
+
+    async def _ledger_pool(self, stack: contextlib.AsyncExitStack) -> db.Pool:
+        if self.pool is not None:
+            return self.pool
+        if self.database_url is None:
+            raise ConfigurationError("a Worker needs a database_url or a pool")
+        # Per in-flight attempt: one connection for the ledger, one for ctx.transaction().
+        slots = self.concurrency * len(self.consumers)
+        pool = await db.create_pool(self.database_url, min_size=1, max_size=2 * slots + 2)
+        stack.push_async_callback(pool.close)
+        return pool
 
     async def _start_slot(
         self,
@@ -170,3 +186,8 @@ class Worker:
             task.cancel()
         if still_running:
             await asyncio.wait(still_running, timeout=10)
+
+
+async def _close(connection: amqp.Connection) -> None:
+    with contextlib.suppress(*amqp.CHANNEL_ERRORS):
+        await asyncio.wait_for(connection.close(), BROKER_SHUTDOWN_TIMEOUT)

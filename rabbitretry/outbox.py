@@ -1,0 +1,212 @@
+"""The transactional outbox: enqueue a message in your own transaction, a relay publishes it.
+
+::
+
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("UPDATE orders SET paid = true WHERE id = $1", order_id)
+        await outbox.enqueue(conn, "orders", OrderPaid(...), routing_key="order.paid",
+                             message_id=f"order-{order_id}-paid")
+
+The row commits with the business write or not at all: a paid order without its message, or
+a message for an order that was rolled back, cannot happen. The relay publishes pending rows
+with confirms and marks them ``sent`` only after the broker confirmed; a relay that dies in
+between publishes the row again, and the consumer's ledger drops the duplicate by its
+``message_id``. Several relays can run: each takes rows with ``FOR UPDATE SKIP LOCKED``.
+
+Ordering: rows that share an ``ordering_key`` are published one at a time in the order they
+were enqueued (a row waits while an older row of its key is pending; a row that ends
+``failed`` stops holding the others back). Rows without a key have no order among themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from rabbitretry import amqp
+from rabbitretry.db import UNAVAILABLE, Connection, Pool, Record, query
+from rabbitretry.errors import ConnectionLost, PublishError
+from rabbitretry.publisher import encode, new_message_id
+
+log = logging.getLogger("rabbitretry.outbox")
+
+NOTIFY_CHANNEL = "rabbitretry_outbox"
+
+
+class Outbox:
+    """Writes messages into ``rabbitretry.outbox`` on the caller's connection."""
+
+    async def enqueue(
+        self,
+        conn: Connection,
+        exchange: str,
+        payload: BaseModel | Mapping[str, Any] | list[Any] | bytes,
+        *,
+        routing_key: str = "",
+        message_id: str | None = None,
+        headers: Mapping[str, Any] | None = None,
+        ordering_key: str | None = None,
+    ) -> str:
+        """Add a message to the outbox inside the caller's transaction; its message_id.
+
+        Call it inside ``conn.transaction()``: outside one, the row commits on its own.
+        """
+        body, content_type = encode(payload)
+        message_id = message_id or new_message_id()
+        await conn.execute(
+            query("outbox_enqueue"),
+            exchange,
+            routing_key,
+            message_id,
+            ordering_key,
+            body,
+            json.dumps(dict(headers or {}), default=str),
+            content_type,
+        )
+        await conn.execute(query("outbox_notify"))  # delivered at commit, not before
+        return message_id
+
+
+@dataclass
+class RelayStats:
+    sent: int = 0
+    failed_tries: int = 0
+    given_up: int = 0
+
+
+@dataclass
+class OutboxRelay:
+    """Publishes pending outbox rows. ``await relay.run()`` until ``relay.stop()``.
+
+    Wakes on LISTEN/NOTIFY when a row is enqueued, and polls every ``poll_interval`` seconds
+    in case a notification was missed (for example while the relay was reconnecting).
+    """
+
+    pool: Pool
+    amqp_url: str
+    batch_size: int = 100
+    poll_interval: float = 1.0
+    max_tries: int = 10
+    initial_backoff: float = 1.0
+    max_backoff: float = 300.0
+    stats: RelayStats = field(default_factory=RelayStats)
+    ready: bool = field(default=False, init=False)
+    """True once connected and listening."""
+    _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _stopping: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    async def run(self) -> None:
+        connection = await amqp.connect(self.amqp_url, name="rabbitretry-outbox-relay")
+        try:
+            publisher = await amqp.ConfirmingPublisher.open(connection)
+            async with self._listening():
+                self.ready = True
+                while not self._stopping.is_set():
+                    try:
+                        moved = await self.relay_once(publisher)
+                    except UNAVAILABLE as error:
+                        log.error("outbox relay: the database is unreachable (%s)", error)
+                        moved = 0
+                    except Exception:
+                        # A relay that stops is an outbox that fills up: log and go on.
+                        log.exception("outbox relay: unexpected error; trying again")
+                        moved = 0
+                    if moved == 0:  # nothing due: wait for a notification or the poll
+                        await self._sleep()
+        finally:
+            await connection.close()
+
+    async def relay_once(self, publisher: amqp.ConfirmingPublisher) -> int:
+        """Publish one batch of due rows; how many rows it sent or counted a failed try for.
+
+        A row whose publish failed because the connection was lost is left as it was, try
+        not counted: the broker being away is not the message's fault.
+        """
+        if not publisher.available:
+            return 0  # reconnecting: leave the rows alone rather than hold their locks
+        async with self.pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(query("outbox_take"), self.batch_size)
+            results = await asyncio.gather(
+                *(self._publish(publisher, row) for row in rows), return_exceptions=True
+            )
+            sent = [row["id"] for row, result in zip(rows, results, strict=True) if result is None]
+            if sent:
+                await conn.execute(query("outbox_sent"), sent)
+                self.stats.sent += len(sent)
+            settled = len(sent)
+            for row, result in zip(rows, results, strict=True):
+                if isinstance(result, ConnectionLost):
+                    log.warning("outbox: %s; row %s stays pending", result, row["id"])
+                elif isinstance(result, PublishError):
+                    await self._record_failure(conn, row, result)
+                    settled += 1
+                elif isinstance(result, BaseException):
+                    raise result
+        return settled
+
+    async def _publish(self, publisher: amqp.ConfirmingPublisher, row: Record) -> None:
+        await publisher.publish(
+            bytes(row["payload"]),
+            exchange=row["exchange"],
+            routing_key=row["routing_key"],
+            message_id=row["message_id"],
+            headers=json.loads(row["headers"]),
+            properties={"content_type": row["content_type"]},
+        )
+
+    async def _record_failure(self, conn: Connection, row: Record, error: PublishError) -> None:
+        tries = row["tries"] + 1
+        backoff = min(self.max_backoff, self.initial_backoff * 2 ** min(tries - 1, 30))
+        backoff *= random.uniform(0.8, 1.2)
+        await conn.execute(
+            query("outbox_failed_try"), row["id"], str(error), self.max_tries, backoff
+        )
+        self.stats.failed_tries += 1
+        if tries >= self.max_tries:
+            self.stats.given_up += 1
+            log.error(
+                "outbox row %s (%s) failed after %d tries: %s",
+                row["id"],
+                row["message_id"],
+                tries,
+                error,
+            )
+        else:
+            log.warning(
+                "outbox row %s (%s): try %d failed (%s), next in %.1f s",
+                row["id"],
+                row["message_id"],
+                tries,
+                error,
+                backoff,
+            )
+
+    async def _sleep(self) -> None:
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+
+    @contextlib.asynccontextmanager
+    async def _listening(self) -> AsyncIterator[None]:
+        def wake(*_: object) -> None:
+            self._wake.set()
+
+        async with self.pool.acquire() as conn:
+            await conn.add_listener(NOTIFY_CHANNEL, wake)
+            try:
+                yield
+            finally:
+                with contextlib.suppress(*UNAVAILABLE):
+                    await conn.remove_listener(NOTIFY_CHANNEL, wake)

@@ -1,0 +1,319 @@
+"""The outbox and its relay, and the Publisher, against the real broker and database."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import aio_pika
+import asyncpg
+import pytest
+
+from examples import shop
+from rabbitretry import Consumer, Topology, UnroutableError, WorkQueue
+from rabbitretry.amqp import ConfirmingPublisher, connect
+from rabbitretry.outbox import Outbox, OutboxRelay
+from rabbitretry.publisher import Publisher
+from rabbitretry.topology import Binding, Exchange, declare
+from tests.integration.harness import delete_topology, running_worker, wait_for
+from tests.proxy import Proxy
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture
+async def shop_db(pool: asyncpg.Pool) -> asyncpg.Pool:
+    await pool.execute(shop.SCHEMA)
+    return pool
+
+
+@pytest.fixture
+async def shop_consumer(amqp_url: str, queue_name: str) -> AsyncIterator[type[Consumer[Any]]]:
+    """AwardOrderPoints on a queue of this test's own, bound to a test-only exchange."""
+    exchange = f"{queue_name}.shop"
+
+    class Award(shop.AwardOrderPoints):
+        queue = queue_name
+        bindings = [Binding(exchange=exchange, routing_key="order.paid")]
+
+    yield Award
+    await delete_topology(amqp_url, [Award])
+
+
+def exchange_of(consumer: type[Consumer[Any]]) -> str:
+    return consumer.bindings[0].exchange
+
+
+async def pay(pool: asyncpg.Pool, exchange: str, order_id: str, user_id: int, amount: int) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await shop.place_order(conn, order_id, user_id, amount)
+        order = await conn.fetchrow(
+            "UPDATE shop_order SET paid = true WHERE id = $1 RETURNING *", order_id
+        )
+        assert order is not None
+        await Outbox().enqueue(
+            conn,
+            exchange,
+            shop.OrderPaid(order_id=order_id, user_id=user_id, points=amount // 10),
+            routing_key="order.paid",
+            message_id=f"order-{order_id}-paid",
+        )
+
+
+async def outbox_counts(pool: asyncpg.Pool) -> dict[str, int]:
+    rows = await pool.fetch("SELECT status, count(*) AS n FROM rabbitretry.outbox GROUP BY status")
+    return {row["status"]: row["n"] for row in rows}
+
+
+@contextlib.asynccontextmanager
+async def running_relay(
+    pool: asyncpg.Pool, amqp_url: str, **options: Any
+) -> AsyncIterator[OutboxRelay]:
+    relay = OutboxRelay(pool, amqp_url, **options)
+    task = asyncio.create_task(relay.run())
+    try:
+        await wait_for(lambda: _ready(relay, task), timeout=15)
+        yield relay
+    finally:
+        relay.stop()
+        await asyncio.wait_for(task, 30)
+
+
+async def points_total(pool: asyncpg.Pool) -> int:
+    return int(await pool.fetchval("SELECT coalesce(sum(points), 0) FROM shop_points_flow"))
+
+
+async def test_paid_orders_award_points_once_end_to_end(
+    amqp_url: str,
+    database_url: str,
+    shop_db: asyncpg.Pool,
+    shop_consumer: type[Consumer[Any]],
+) -> None:
+    async with running_worker([shop_consumer], amqp_url, database_url, concurrency=2):
+        for n in range(10):
+            await pay(shop_db, exchange_of(shop_consumer), f"o{n}", user_id=n % 3, amount=100)
+        async with running_relay(shop_db, amqp_url):
+            await wait_for(lambda: _eq(points_total(shop_db), 100))
+    assert await outbox_counts(shop_db) == {"sent": 10}
+    totals = {
+        r["user_id"]: r["total"] for r in await shop_db.fetch("SELECT * FROM shop_user_points")
+    }
+    assert totals == {0: 40, 1: 30, 2: 30}
+
+
+async def test_rolled_back_business_transaction_publishes_nothing(
+    amqp_url: str,
+    shop_db: asyncpg.Pool,
+    shop_consumer: type[Consumer[Any]],
+    publisher: ConfirmingPublisher,
+) -> None:
+    connection = await connect(amqp_url)
+    try:
+        await declare(
+            connection,
+            Topology(
+                exchanges=[Exchange(name=exchange_of(shop_consumer))],
+                queues=[shop_consumer.work_queue()],
+            ),
+        )
+    finally:
+        await connection.close()
+    with pytest.raises(RuntimeError, match="card declined"):
+        async with shop_db.acquire() as conn, conn.transaction():
+            await shop.place_order(conn, "o-rb", 1, 100)
+            await Outbox().enqueue(
+                conn, exchange_of(shop_consumer), {"order_id": "o-rb"}, message_id="rb"
+            )
+            raise RuntimeError("card declined")
+    async with running_relay(shop_db, amqp_url) as relay:
+        assert await relay.relay_once(publisher) == 0
+    assert await outbox_counts(shop_db) == {}
+    assert await _depth(amqp_url, shop_consumer.queue) == 0
+
+
+async def test_broker_outage_holds_messages_until_it_returns(
+    amqp_url: str,
+    database_url: str,
+    shop_db: asyncpg.Pool,
+    shop_consumer: type[Consumer[Any]],
+) -> None:
+    parts = urlsplit(amqp_url)
+    proxy = await Proxy(parts.hostname or "127.0.0.1", parts.port or 5672).start()
+    exchange = exchange_of(shop_consumer)
+    try:
+        async with (
+            running_worker([shop_consumer], amqp_url, database_url),
+            running_relay(shop_db, proxy.url_for(amqp_url), poll_interval=0.2),
+        ):
+            await proxy.cut(refuse=True)  # the relay's broker is gone
+            for n in range(20):
+                await pay(shop_db, exchange, f"out{n}", user_id=1, amount=10)
+            await asyncio.sleep(1.0)  # the relay tries and fails while the broker is away
+            assert (await outbox_counts(shop_db)).get("pending") == 20
+            assert await points_total(shop_db) == 0
+            proxy.restore()
+            await wait_for(lambda: _eq(points_total(shop_db), 20), timeout=40)
+    finally:
+        await proxy.close()
+    counts = await outbox_counts(shop_db)
+    assert counts == {"sent": 20}
+    tries = await shop_db.fetchval("SELECT max(tries) FROM rabbitretry.outbox")
+    assert tries == 1  # the outage did not use up the rows' tries
+
+
+async def test_relay_dying_after_publish_duplicate_is_dropped_by_the_ledger(
+    amqp_url: str,
+    database_url: str,
+    shop_db: asyncpg.Pool,
+    shop_consumer: type[Consumer[Any]],
+    publisher: ConfirmingPublisher,
+) -> None:
+    """A relay killed between the broker's confirm and its `sent` mark leaves the row pending
+    with the message already on the broker. The next relay publishes it again."""
+    exchange = exchange_of(shop_consumer)
+    await pay(shop_db, exchange, "dup", user_id=5, amount=500)
+    row = await shop_db.fetchrow("SELECT * FROM rabbitretry.outbox")
+    async with running_worker([shop_consumer], amqp_url, database_url) as worker:
+        # What the dead relay had already done: the message is on the broker, the row pending.
+        await publisher.publish(
+            bytes(row["payload"]),
+            exchange=exchange,
+            routing_key="order.paid",
+            message_id=row["message_id"],
+            properties={"content_type": "application/json"},
+        )
+        async with running_relay(shop_db, amqp_url):
+            await wait_for(lambda: _eq(outbox_counts(shop_db), {"sent": 1}))
+
+            async def duplicate_dropped() -> bool:
+                return [o.result for o in worker.outcomes].count("dropped") == 1
+
+            await wait_for(duplicate_dropped, timeout=20)
+    assert await points_total(shop_db) == 50
+    assert await shop_db.fetchval("SELECT count(*) FROM shop_points_flow") == 1
+
+
+async def test_unroutable_destination_raises_and_fails_the_row(
+    amqp_url: str, shop_db: asyncpg.Pool, queue_name: str, publisher: ConfirmingPublisher
+) -> None:
+    connection = await connect(amqp_url)
+    exchange = f"{queue_name}.nowhere"
+    try:
+        await declare(connection, Topology(exchanges=[Exchange(name=exchange)]))
+    finally:
+        await connection.close()
+    try:
+        async with Publisher(amqp_url) as public:
+            with pytest.raises(UnroutableError, match="no queue is bound"):
+                await public.publish(exchange, {"x": 1}, routing_key="no.such.key")
+        async with shop_db.acquire() as conn:
+            await Outbox().enqueue(conn, exchange, {"x": 1}, routing_key="no.such.key")
+        relay = OutboxRelay(shop_db, amqp_url, max_tries=2, initial_backoff=0.05)
+        await relay.relay_once(publisher)
+        await asyncio.sleep(0.15)  # past the first backoff
+        await relay.relay_once(publisher)
+        row = await shop_db.fetchrow("SELECT status, tries, last_error FROM rabbitretry.outbox")
+        assert row is not None
+        assert (row["status"], row["tries"]) == ("failed", 2)
+        assert "no queue is bound" in row["last_error"]
+    finally:
+        await _delete_exchange(amqp_url, exchange)
+
+
+async def test_two_relays_publish_each_row_once_and_keep_per_key_order(
+    amqp_url: str,
+    shop_db: asyncpg.Pool,
+    queue_name: str,
+) -> None:
+    connection = await connect(amqp_url)
+    try:
+        await declare(connection, Topology(queues=[WorkQueue(name=queue_name)]))
+    finally:
+        await connection.close()
+    try:
+        async with shop_db.acquire() as conn:
+            for n in range(60):
+                await Outbox().enqueue(
+                    conn,
+                    "",
+                    {"key": f"k{n % 3}", "seq": n},
+                    routing_key=queue_name,
+                    message_id=f"m{n}",
+                    ordering_key=f"k{n % 3}",
+                )
+        async with (
+            running_relay(shop_db, amqp_url, batch_size=7),
+            running_relay(shop_db, amqp_url, batch_size=5),
+        ):
+            await wait_for(lambda: _eq(outbox_counts(shop_db), {"sent": 60}), timeout=30)
+        bodies = await _drain(amqp_url, queue_name)
+    finally:
+        await delete_topology_of(amqp_url, queue_name)
+    assert sorted(b["seq"] for b in bodies) == list(range(60))  # each row exactly once
+    for key in ("k0", "k1", "k2"):
+        sequence = [b["seq"] for b in bodies if b["key"] == key]
+        assert sequence == sorted(sequence), f"{key} out of order: {sequence}"
+
+
+async def _ready(relay: OutboxRelay, task: asyncio.Task[None]) -> bool:
+    if task.done():
+        task.result()  # re-raises why the relay could not start
+    return relay.ready
+
+
+async def _eq(value: Any, expected: Any) -> bool:
+    return bool(await value == expected)
+
+
+@pytest.fixture
+async def publisher(amqp_url: str) -> AsyncIterator[ConfirmingPublisher]:
+    connection = await connect(amqp_url)
+    yield await ConfirmingPublisher.open(connection)
+    await connection.close()
+
+
+async def _depth(amqp_url: str, queue: str) -> int:
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        channel = await connection.channel()
+        declared = await channel.declare_queue(queue, passive=True)
+        return int(declared.declaration_result.message_count or 0)
+    finally:
+        await connection.close()
+
+
+async def _drain(amqp_url: str, queue: str) -> list[dict[str, Any]]:
+    connection = await aio_pika.connect(amqp_url)
+    bodies = []
+    try:
+        channel = await connection.channel()
+        source = await channel.declare_queue(queue, passive=True)
+        while (message := await source.get(fail=False)) is not None:
+            bodies.append(json.loads(message.body))
+            await message.ack()
+    finally:
+        await connection.close()
+    return bodies
+
+
+async def _delete_exchange(amqp_url: str, exchange: str) -> None:
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        channel = await connection.channel()
+        await channel.exchange_delete(exchange)
+    finally:
+        await connection.close()
+
+
+async def delete_topology_of(amqp_url: str, queue: str) -> None:
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        channel = await connection.channel()
+        for declaration in WorkQueue(name=queue).declarations():
+            await channel.queue_delete(declaration.name)
+    finally:
+        await connection.close()
