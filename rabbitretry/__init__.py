@@ -4,8 +4,10 @@ The broker carries messages; a Postgres ledger decides what happens to them.
 """
 
 from rabbitretry.consumer import Consumer, Context
+from rabbitretry.effects import TransactionRolledBack
 from rabbitretry.errors import (
     ConfigurationError,
+    ConnectionLost,
     Permanent,
     PublishError,
     RabbitRetryError,
@@ -14,6 +16,8 @@ from rabbitretry.errors import (
     TopologyError,
     UnroutableError,
 )
+from rabbitretry.outbox import Outbox, OutboxRelay
+from rabbitretry.publisher import Publisher
 from rabbitretry.retry import RetryPolicy
 from rabbitretry.topology.model import Binding, Exchange, Topology, WorkQueue
 from rabbitretry.worker import Worker
@@ -21,17 +25,22 @@ from rabbitretry.worker import Worker
 __all__ = [
     "Binding",
     "ConfigurationError",
+    "ConnectionLost",
     "Consumer",
     "Context",
     "Exchange",
+    "Outbox",
+    "OutboxRelay",
     "Permanent",
     "PublishError",
+    "Publisher",
     "RabbitRetryError",
     "Retry",
     "RetryPolicy",
     "ServiceUnavailable",
     "Topology",
     "TopologyError",
+    "TransactionRolledBack",
     "UnroutableError",
     "WorkQueue",
     "Worker",

@@ -13,6 +13,7 @@ from functools import wraps
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
+import asyncpg
 import typer
 from rich.console import Console
 
@@ -24,6 +25,12 @@ from rabbitretry.worker import topology_of
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+MISSING_SCHEMA = (
+    asyncpg.UndefinedTableError,
+    asyncpg.UndefinedFunctionError,
+    asyncpg.InvalidSchemaNameError,
+)
 
 out = Console()
 err = Console(stderr=True)
@@ -49,6 +56,16 @@ def run_async(function: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
             raise typer.Exit(2) from None
         except RabbitRetryError as error:
             err.print(f"[red]error:[/red] {error}", highlight=False)
+            raise typer.Exit(1) from None
+        except MISSING_SCHEMA as error:
+            err.print(
+                f"[red]error:[/red] the ledger schema is missing or out of date ({error}): "
+                "run `rabbitretry db migrate` against RABBITRETRY_DATABASE_URL",
+                highlight=False,
+            )
+            raise typer.Exit(1) from None
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as error:
+            err.print(f"[red]error:[/red] {type(error).__name__}: {error}", highlight=False)
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
