@@ -3,10 +3,11 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: help venv demo test test-unit lint services clean
+.PHONY: help venv demo demo-shop test test-unit lint services clean
 
 help:
 	@echo "make demo      run the demo against the local RabbitMQ and PostgreSQL"
+	@echo "make demo-shop the outbox and exactly-once points"
 	@echo "make test      the whole test suite (unit, integration, acceptance, drills)"
 	@echo "make test-unit only the tests that need no services"
 	@echo "make lint      ruff and mypy --strict"
@@ -22,6 +23,9 @@ venv: $(BIN)/rabbitretry
 
 demo: venv
 	$(BIN)/python -m examples.demo
+
+demo-shop: venv
+	$(BIN)/python -m examples.shop_demo
 
 test: venv
 	$(BIN)/python -m pytest
