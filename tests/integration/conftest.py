@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
-from rabbitretry import amqp
+from rabbitretry import Consumer, amqp
 from rabbitretry.topology import Topology
+from rabbitretry.worker import topology_of
+from tests.proxy import Proxy
 
 
 @pytest.fixture
@@ -65,3 +69,21 @@ async def broker_cleanup(amqp_url: str) -> AsyncIterator[BrokerCleanup]:
         await cleanup.delete_all(connection)
     finally:
         await connection.close()
+
+
+@pytest.fixture
+async def cleanup(broker_cleanup: BrokerCleanup) -> AsyncIterator[list[type[Consumer[Any]]]]:
+    """Append consumer classes; their queues and exchanges are deleted after the test."""
+    consumers: list[type[Consumer[Any]]] = []
+    yield consumers
+    for consumer in consumers:
+        broker_cleanup.topology(topology_of([consumer]))
+
+
+@pytest.fixture
+async def broker_proxy(amqp_url: str) -> AsyncIterator[Proxy]:
+    """A cuttable TCP proxy in front of RabbitMQ (``proxy.url_for(amqp_url)``)."""
+    parts = urlsplit(amqp_url)
+    proxy = await Proxy(parts.hostname or "127.0.0.1", parts.port or 5672).start()
+    yield proxy
+    await proxy.close()

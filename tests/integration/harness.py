@@ -13,7 +13,7 @@ import aio_pika
 import asyncpg
 
 from rabbitretry.consumer import Consumer
-from rabbitretry.worker import Worker, topology_of
+from rabbitretry.worker import Worker
 
 
 async def publish(
@@ -127,14 +127,12 @@ def _consuming(worker: Worker, task: asyncio.Task[None]) -> Callable[[], Awaitab
     return started
 
 
-async def delete_topology(amqp_url: str, consumers: Sequence[type[Consumer[Any]]]) -> None:
+async def queue_depth(amqp_url: str, queue: str) -> int:
+    """Messages ready in ``queue`` (a passive declare: the queue must exist)."""
     connection = await aio_pika.connect(amqp_url)
     try:
         channel = await connection.channel()
-        topology = topology_of(consumers)
-        for declaration in topology.queue_declarations():
-            await channel.queue_delete(declaration.name)
-        for exchange in topology.exchanges:
-            await channel.exchange_delete(exchange.name)
+        declared = await channel.declare_queue(queue, passive=True)
+        return int(declared.declaration_result.message_count or 0)
     finally:
         await connection.close()

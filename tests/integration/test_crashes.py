@@ -13,8 +13,10 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from rabbitretry import Topology
 from tests.integration import crash_consumers
-from tests.integration.harness import delete_topology, publish, wait_for, wait_status
+from tests.integration.conftest import BrokerCleanup
+from tests.integration.harness import publish, wait_for, wait_status
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
@@ -72,13 +74,14 @@ def worker_env(amqp_url: str, database_url: str, queue_name: str, events: Path) 
 
 @pytest.fixture
 async def worker(
-    worker_env: dict[str, str], amqp_url: str, queue_name: str
+    worker_env: dict[str, str], queue_name: str, broker_cleanup: BrokerCleanup
 ) -> AsyncIterator[WorkerProcess]:
     process = WorkerProcess(worker_env)
     yield process
     process.kill()
-    crash_consumers.Crashy.queue = queue_name
-    await delete_topology(amqp_url, [crash_consumers.Crashy])
+    # The worker ran Crashy on this test's queue (RR_TEST_QUEUE): delete what it declared.
+    declared = crash_consumers.Crashy.work_queue().model_copy(update={"name": queue_name})
+    broker_cleanup.topology(Topology(queues=[declared]))
 
 
 def event_lines(events: Path, kind: str) -> list[str]:

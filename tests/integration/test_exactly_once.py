@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -13,7 +11,6 @@ from pydantic import BaseModel
 
 from rabbitretry import Consumer, Context, RetryPolicy
 from tests.integration.harness import (
-    delete_topology,
     publish,
     running_worker,
     wait_for,
@@ -72,13 +69,6 @@ def awarding_consumer(
     return AwardPoints
 
 
-@pytest.fixture
-async def cleanup(amqp_url: str) -> AsyncIterator[list[type[Consumer[Any]]]]:
-    consumers: list[type[Consumer[Any]]] = []
-    yield consumers
-    await delete_topology(amqp_url, consumers)
-
-
 async def flow_rows(pool: asyncpg.Pool) -> list[asyncpg.Record]:
     return await pool.fetch("SELECT * FROM points_flow")
 
@@ -133,10 +123,10 @@ async def test_commit_then_lost_ack_awards_once(
     effects_pool: asyncpg.Pool,
     queue_name: str,
     cleanup: list[type[Consumer[Any]]],
+    broker_proxy: Proxy,
 ) -> None:
     """The effect commits, the ack never reaches the broker, the worker dies: once."""
-    parts = urlsplit(amqp_url)
-    proxy = await Proxy(parts.hostname or "127.0.0.1", parts.port or 5672).start()
+    proxy = broker_proxy
     in_handler = asyncio.Event()
     release = asyncio.Event()
 
@@ -146,16 +136,13 @@ async def test_commit_then_lost_ack_awards_once(
 
     consumer = awarding_consumer(queue_name, before_commit=hold)
     cleanup.append(consumer)
-    try:
-        async with running_worker([consumer], proxy.url_for(amqp_url), database_url):
-            await publish(amqp_url, queue_name, {"user_id": 3, "points": 7}, message_id="o-3")
-            await asyncio.wait_for(in_handler.wait(), 10)
-            await proxy.cut(refuse=True)  # from here on, no ack can reach the broker
-            release.set()
-            await wait_status(effects_pool, queue_name, "o-3", "succeeded")
-        # That worker is gone without acking; the broker still holds the delivery.
-    finally:
-        await proxy.close()
+    async with running_worker([consumer], proxy.url_for(amqp_url), database_url):
+        await publish(amqp_url, queue_name, {"user_id": 3, "points": 7}, message_id="o-3")
+        await asyncio.wait_for(in_handler.wait(), 10)
+        await proxy.cut(refuse=True)  # from here on, no ack can reach the broker
+        release.set()
+        await wait_status(effects_pool, queue_name, "o-3", "succeeded")
+    # That worker is gone without acking; the broker still holds the delivery.
 
     second = awarding_consumer(queue_name)
     async with running_worker([second], amqp_url, database_url) as worker:

@@ -7,7 +7,6 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import aio_pika
 import asyncpg
@@ -15,11 +14,13 @@ import pytest
 
 from examples import shop
 from rabbitretry import Consumer, Topology, UnroutableError, WorkQueue
-from rabbitretry.amqp import ConfirmingPublisher, connect
+from rabbitretry.amqp import ConfirmingPublisher, Connection, connect
 from rabbitretry.outbox import Outbox, OutboxRelay
 from rabbitretry.publisher import Publisher
 from rabbitretry.topology import Binding, Exchange, declare
-from tests.integration.harness import delete_topology, running_worker, wait_for
+from rabbitretry.worker import topology_of
+from tests.integration.conftest import BrokerCleanup
+from tests.integration.harness import queue_depth, running_worker, wait_for
 from tests.proxy import Proxy
 
 pytestmark = pytest.mark.asyncio
@@ -32,7 +33,7 @@ async def shop_db(pool: asyncpg.Pool) -> asyncpg.Pool:
 
 
 @pytest.fixture
-async def shop_consumer(amqp_url: str, queue_name: str) -> AsyncIterator[type[Consumer[Any]]]:
+async def shop_consumer(queue_name: str, broker_cleanup: BrokerCleanup) -> type[Consumer[Any]]:
     """AwardOrderPoints on a queue of this test's own, bound to a test-only exchange."""
     exchange = f"{queue_name}.shop"
 
@@ -40,8 +41,8 @@ async def shop_consumer(amqp_url: str, queue_name: str) -> AsyncIterator[type[Co
         queue = queue_name
         bindings = [Binding(exchange=exchange, routing_key="order.paid")]
 
-    yield Award
-    await delete_topology(amqp_url, [Award])
+    broker_cleanup.topology(topology_of([Award]))
+    return Award
 
 
 def exchange_of(consumer: type[Consumer[Any]]) -> str:
@@ -110,18 +111,9 @@ async def test_rolled_back_business_transaction_publishes_nothing(
     shop_db: asyncpg.Pool,
     shop_consumer: type[Consumer[Any]],
     publisher: ConfirmingPublisher,
+    amqp_connection: Connection,
 ) -> None:
-    connection = await connect(amqp_url)
-    try:
-        await declare(
-            connection,
-            Topology(
-                exchanges=[Exchange(name=exchange_of(shop_consumer))],
-                queues=[shop_consumer.work_queue()],
-            ),
-        )
-    finally:
-        await connection.close()
+    await declare(amqp_connection, topology_of([shop_consumer]))
     with pytest.raises(RuntimeError, match="card declined"):
         async with shop_db.acquire() as conn, conn.transaction():
             await shop.place_order(conn, "o-rb", 1, 100)
@@ -132,7 +124,7 @@ async def test_rolled_back_business_transaction_publishes_nothing(
     async with running_relay(shop_db, amqp_url) as relay:
         assert await relay.relay_once(publisher) == 0
     assert await outbox_counts(shop_db) == {}
-    assert await _depth(amqp_url, shop_consumer.queue) == 0
+    assert await queue_depth(amqp_url, shop_consumer.queue) == 0
 
 
 async def test_broker_outage_holds_messages_until_it_returns(
@@ -140,25 +132,22 @@ async def test_broker_outage_holds_messages_until_it_returns(
     database_url: str,
     shop_db: asyncpg.Pool,
     shop_consumer: type[Consumer[Any]],
+    broker_proxy: Proxy,
 ) -> None:
-    parts = urlsplit(amqp_url)
-    proxy = await Proxy(parts.hostname or "127.0.0.1", parts.port or 5672).start()
+    proxy = broker_proxy
     exchange = exchange_of(shop_consumer)
-    try:
-        async with (
-            running_worker([shop_consumer], amqp_url, database_url),
-            running_relay(shop_db, proxy.url_for(amqp_url), poll_interval=0.2),
-        ):
-            await proxy.cut(refuse=True)  # the relay's broker is gone
-            for n in range(20):
-                await pay(shop_db, exchange, f"out{n}", user_id=1, amount=10)
-            await asyncio.sleep(1.0)  # the relay tries and fails while the broker is away
-            assert (await outbox_counts(shop_db)).get("pending") == 20
-            assert await points_total(shop_db) == 0
-            proxy.restore()
-            await wait_for(lambda: _eq(points_total(shop_db), 20), timeout=40)
-    finally:
-        await proxy.close()
+    async with (
+        running_worker([shop_consumer], amqp_url, database_url),
+        running_relay(shop_db, proxy.url_for(amqp_url), poll_interval=0.2),
+    ):
+        await proxy.cut(refuse=True)  # the relay's broker is gone
+        for n in range(20):
+            await pay(shop_db, exchange, f"out{n}", user_id=1, amount=10)
+        await asyncio.sleep(1.0)  # the relay tries and fails while the broker is away
+        assert (await outbox_counts(shop_db)).get("pending") == 20
+        assert await points_total(shop_db) == 0
+        proxy.restore()
+        await wait_for(lambda: _eq(points_total(shop_db), 20), timeout=40)
     counts = await outbox_counts(shop_db)
     assert counts == {"sent": 20}
     tries = await shop_db.fetchval("SELECT max(tries) FROM rabbitretry.outbox")
@@ -198,61 +187,57 @@ async def test_relay_dying_after_publish_duplicate_is_dropped_by_the_ledger(
 
 
 async def test_unroutable_destination_raises_and_fails_the_row(
-    amqp_url: str, shop_db: asyncpg.Pool, queue_name: str, publisher: ConfirmingPublisher
+    amqp_url: str,
+    shop_db: asyncpg.Pool,
+    queue_name: str,
+    publisher: ConfirmingPublisher,
+    amqp_connection: Connection,
+    broker_cleanup: BrokerCleanup,
 ) -> None:
-    connection = await connect(amqp_url)
     exchange = f"{queue_name}.nowhere"
-    try:
-        await declare(connection, Topology(exchanges=[Exchange(name=exchange)]))
-    finally:
-        await connection.close()
-    try:
-        async with Publisher(amqp_url) as public:
-            with pytest.raises(UnroutableError, match="no queue is bound"):
-                await public.publish(exchange, {"x": 1}, routing_key="no.such.key")
-        async with shop_db.acquire() as conn:
-            await Outbox().enqueue(conn, exchange, {"x": 1}, routing_key="no.such.key")
-        relay = OutboxRelay(shop_db, amqp_url, max_tries=2, initial_backoff=0.05)
-        await relay.relay_once(publisher)
-        await asyncio.sleep(0.15)  # past the first backoff
-        await relay.relay_once(publisher)
-        row = await shop_db.fetchrow("SELECT status, tries, last_error FROM rabbitretry.outbox")
-        assert row is not None
-        assert (row["status"], row["tries"]) == ("failed", 2)
-        assert "no queue is bound" in row["last_error"]
-    finally:
-        await _delete_exchange(amqp_url, exchange)
+    await declare(
+        amqp_connection, broker_cleanup.topology(Topology(exchanges=[Exchange(name=exchange)]))
+    )
+    async with Publisher(amqp_url) as public:
+        with pytest.raises(UnroutableError, match="no queue is bound"):
+            await public.publish(exchange, {"x": 1}, routing_key="no.such.key")
+    async with shop_db.acquire() as conn:
+        await Outbox().enqueue(conn, exchange, {"x": 1}, routing_key="no.such.key")
+    relay = OutboxRelay(shop_db, amqp_url, max_tries=2, initial_backoff=0.05)
+    await relay.relay_once(publisher)
+    await asyncio.sleep(0.15)  # past the first backoff
+    await relay.relay_once(publisher)
+    row = await shop_db.fetchrow("SELECT status, tries, last_error FROM rabbitretry.outbox")
+    assert row is not None
+    assert (row["status"], row["tries"]) == ("failed", 2)
+    assert "no queue is bound" in row["last_error"]
 
 
 async def test_two_relays_publish_each_row_once_and_keep_per_key_order(
     amqp_url: str,
     shop_db: asyncpg.Pool,
     queue_name: str,
+    amqp_connection: Connection,
+    broker_cleanup: BrokerCleanup,
 ) -> None:
-    connection = await connect(amqp_url)
-    try:
-        await declare(connection, Topology(queues=[WorkQueue(name=queue_name)]))
-    finally:
-        await connection.close()
-    try:
-        async with shop_db.acquire() as conn:
-            for n in range(60):
-                await Outbox().enqueue(
-                    conn,
-                    "",
-                    {"key": f"k{n % 3}", "seq": n},
-                    routing_key=queue_name,
-                    message_id=f"m{n}",
-                    ordering_key=f"k{n % 3}",
-                )
-        async with (
-            running_relay(shop_db, amqp_url, batch_size=7),
-            running_relay(shop_db, amqp_url, batch_size=5),
-        ):
-            await wait_for(lambda: _eq(outbox_counts(shop_db), {"sent": 60}), timeout=30)
-        bodies = await _drain(amqp_url, queue_name)
-    finally:
-        await delete_topology_of(amqp_url, queue_name)
+    topology = broker_cleanup.topology(Topology(queues=[WorkQueue(name=queue_name)]))
+    await declare(amqp_connection, topology)
+    async with shop_db.acquire() as conn:
+        for n in range(60):
+            await Outbox().enqueue(
+                conn,
+                "",
+                {"key": f"k{n % 3}", "seq": n},
+                routing_key=queue_name,
+                message_id=f"m{n}",
+                ordering_key=f"k{n % 3}",
+            )
+    async with (
+        running_relay(shop_db, amqp_url, batch_size=7),
+        running_relay(shop_db, amqp_url, batch_size=5),
+    ):
+        await wait_for(lambda: _eq(outbox_counts(shop_db), {"sent": 60}), timeout=30)
+    bodies = await _drain(amqp_url, queue_name)
     assert sorted(b["seq"] for b in bodies) == list(range(60))  # each row exactly once
     for key in ("k0", "k1", "k2"):
         sequence = [b["seq"] for b in bodies if b["key"] == key]
@@ -276,16 +261,6 @@ async def publisher(amqp_url: str) -> AsyncIterator[ConfirmingPublisher]:
     await connection.close()
 
 
-async def _depth(amqp_url: str, queue: str) -> int:
-    connection = await aio_pika.connect(amqp_url)
-    try:
-        channel = await connection.channel()
-        declared = await channel.declare_queue(queue, passive=True)
-        return int(declared.declaration_result.message_count or 0)
-    finally:
-        await connection.close()
-
-
 async def _drain(amqp_url: str, queue: str) -> list[dict[str, Any]]:
     connection = await aio_pika.connect(amqp_url)
     bodies = []
@@ -298,22 +273,3 @@ async def _drain(amqp_url: str, queue: str) -> list[dict[str, Any]]:
     finally:
         await connection.close()
     return bodies
-
-
-async def _delete_exchange(amqp_url: str, exchange: str) -> None:
-    connection = await aio_pika.connect(amqp_url)
-    try:
-        channel = await connection.channel()
-        await channel.exchange_delete(exchange)
-    finally:
-        await connection.close()
-
-
-async def delete_topology_of(amqp_url: str, queue: str) -> None:
-    connection = await aio_pika.connect(amqp_url)
-    try:
-        channel = await connection.channel()
-        for declaration in WorkQueue(name=queue).declarations():
-            await channel.queue_delete(declaration.name)
-    finally:
-        await connection.close()

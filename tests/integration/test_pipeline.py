@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -13,9 +11,9 @@ from pydantic import BaseModel
 
 from rabbitretry import Consumer, Context, Permanent, RetryPolicy
 from tests.integration.harness import (
-    delete_topology,
     publish,
     publish_without_id,
+    queue_depth,
     running_worker,
     wait_for,
     wait_status,
@@ -52,13 +50,6 @@ def make_consumer(
 @pytest.fixture(params=["classic", "quorum"])
 def queue_type(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-@pytest.fixture
-async def cleanup(amqp_url: str) -> AsyncIterator[list[type[Consumer[Any]]]]:
-    consumers: list[type[Consumer[Any]]] = []
-    yield consumers
-    await delete_topology(amqp_url, consumers)
 
 
 async def attempt_rows(pool: asyncpg.Pool, queue: str, message_id: str) -> list[asyncpg.Record]:
@@ -101,7 +92,7 @@ async def test_success_is_recorded_and_acked(
     assert row["attempts"] == 1 and row["finished_at"] is not None
     rows = await attempt_rows(pool, queue_name, "m-1")
     assert [r["outcome"] for r in rows] == ["succeeded"]
-    assert await _queue_depth(amqp_url, queue_name) == 0  # acked, not waiting for redelivery
+    assert await queue_depth(amqp_url, queue_name) == 0  # acked, not waiting for redelivery
 
 
 async def test_transient_failure_retried_at_the_scheduled_times(
@@ -207,7 +198,7 @@ async def test_duplicate_deliveries_have_one_effect(
             return (
                 len(worker.outcomes) >= 20
                 and not any(o.result == "parked" for o in worker.outcomes[-1:])
-                and await _queue_depth(amqp_url, queue_name) == 0
+                and await queue_depth(amqp_url, queue_name) == 0
             )
 
         await wait_status(pool, queue_name, "dup", "succeeded")
@@ -255,20 +246,8 @@ async def _async(value: bool) -> bool:
     return value
 
 
-async def _queue_depth(amqp_url: str, queue: str) -> int:
-    import aio_pika
-
-    connection = await aio_pika.connect(amqp_url)
-    try:
-        channel = await connection.channel()
-        declared = await channel.declare_queue(queue, passive=True)
-        return int(declared.declaration_result.message_count or 0)
-    finally:
-        await connection.close()
-
-
 async def _queue_has(amqp_url: str, queue: str, count: int) -> bool:
-    return await _queue_depth(amqp_url, queue) >= count
+    return await queue_depth(amqp_url, queue) >= count
 
 
 async def test_too_large_body_is_dead_unread(
@@ -377,9 +356,9 @@ async def test_connection_loss_mid_handler_loses_nothing_and_runs_once(
     pool: asyncpg.Pool,
     queue_name: str,
     cleanup: list[type[Consumer[Any]]],
+    broker_proxy: Proxy,
 ) -> None:
-    parts = urlsplit(amqp_url)
-    proxy = await Proxy(parts.hostname or "127.0.0.1", parts.port or 5672).start()
+    proxy = broker_proxy
     release = asyncio.Event()
     runs = 0
 
@@ -390,24 +369,21 @@ async def test_connection_loss_mid_handler_loses_nothing_and_runs_once(
 
     consumer = make_consumer(queue_name, handler)
     cleanup.append(consumer)
-    try:
-        async with running_worker([consumer], proxy.url_for(amqp_url), database_url) as worker:
-            await publish(amqp_url, queue_name, {"n": 1}, message_id="cut")
-            await wait_for(lambda: _async(runs == 1))
-            await proxy.cut()  # the broker requeues the unacked delivery
-            release.set()  # the handler finishes; its ack cannot reach the old channel
-            await wait_status(pool, queue_name, "cut", "succeeded")
+    async with running_worker([consumer], proxy.url_for(amqp_url), database_url) as worker:
+        await publish(amqp_url, queue_name, {"n": 1}, message_id="cut")
+        await wait_for(lambda: _async(runs == 1))
+        await proxy.cut()  # the broker requeues the unacked delivery
+        release.set()  # the handler finishes; its ack cannot reach the old channel
+        await wait_status(pool, queue_name, "cut", "succeeded")
 
-            async def redelivery_dropped() -> bool:
-                return any(o.result == "dropped" for o in worker.outcomes)
+        async def redelivery_dropped() -> bool:
+            return any(o.result == "dropped" for o in worker.outcomes)
 
-            await wait_for(redelivery_dropped, timeout=30)
-            await wait_for(lambda: _queue_is_empty(amqp_url, queue_name), timeout=10)
-    finally:
-        await proxy.close()
+        await wait_for(redelivery_dropped, timeout=30)
+        await wait_for(lambda: _queue_is_empty(amqp_url, queue_name), timeout=10)
     assert runs == 1
     assert len(await attempt_rows(pool, queue_name, "cut")) == 1
 
 
 async def _queue_is_empty(amqp_url: str, queue: str) -> bool:
-    return await _queue_depth(amqp_url, queue) == 0
+    return await queue_depth(amqp_url, queue) == 0
