@@ -109,8 +109,8 @@ class Consumer(Generic[Payload]):
         payload_type = _payload_type(cls)
         if payload_type is not None:
             cls.payload_adapter = TypeAdapter(payload_type)
-        if getattr(cls, "__abstractconsumer__", False) or "queue" not in _class_attrs(cls):
-            return
+        if "queue" not in _class_attrs(cls):
+            return  # an intermediate base class: checked when a subclass names its queue
         _check(cls)
 
     async def setup(self) -> None:

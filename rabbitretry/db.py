@@ -6,7 +6,6 @@ import asyncio
 import re
 from functools import cache
 from importlib import resources
-from typing import Any
 
 import asyncpg
 import asyncpg.pool
@@ -107,7 +106,3 @@ async def migrate(conn: Connection) -> list[str]:
 async def pending_migrations(conn: Connection) -> list[str]:
     applied = await applied_migrations(conn)
     return [f"{v:04d}_{n}" for v, n, _ in migrations() if v not in applied]
-
-
-def record_to_dict(record: Record | None) -> dict[str, Any] | None:
-    return dict(record) if record is not None else None

@@ -76,23 +76,22 @@ class Processor:
             raise
         except UNAVAILABLE as error:
             log.error("%s: the ledger is unreachable (%s); message requeued", self.queue, error)
-            return await self._requeue(message, None)
+            return await self._requeue(message)
         except PublishError as error:
             log.error("%s: %s; message requeued, the ledger keeps its state", self.queue, error)
-            return await self._requeue(message, None)
+            return await self._requeue(message)
         await _settle(message, requeue=False)
         return outcome
 
-    async def _requeue(self, message: IncomingMessage, key: Key | None) -> Outcome:
+    async def _requeue(self, message: IncomingMessage) -> Outcome:
         await asyncio.sleep(REQUEUE_PAUSE)
         await _settle(message, requeue=True)
-        return Outcome(key, "requeued")
+        return Outcome(None, "requeued")
 
     async def _process(self, message: IncomingMessage) -> Outcome:
         snapshot = _snapshot(message)
         if not message.message_id:
             return await self._reject(
-                message,
                 Key(self.queue, f"missing-id:{hashlib.sha256(message.body).hexdigest()[:20]}"),
                 "missing-message-id",
                 "the message has no message_id property, so it cannot be deduplicated; "
@@ -103,7 +102,6 @@ class Processor:
         size_limit = type(self.consumer).max_body_bytes
         if len(message.body) > size_limit:
             return await self._reject(
-                message,
                 key,
                 "too-large",
                 f"body of {len(message.body)} bytes is over the limit of {size_limit} bytes",
@@ -124,7 +122,8 @@ class Processor:
             log.debug("%s: %s copy dropped (%s)", key, claim.verdict, claim.status)
             return Outcome(key, "dropped", claim.attempt)
         if claim.verdict in ("busy", "not-due"):
-            await self._park(message, key, claim.wait_seconds, copy_attempts, snapshot)
+            # Hold the copy in the delay ladder until the claim can succeed.
+            await self._publish_delayed(key, snapshot, claim.wait_seconds, copy_attempts)
             return Outcome(key, "parked", claim.attempt)
         if claim.verdict == "exhausted":
             log.error("%s: dead after %d attempts: the worker died in the last", key, claim.attempt)
@@ -249,7 +248,6 @@ class Processor:
 
     async def _reject(
         self,
-        message: IncomingMessage,
         key: Key,
         reason: str,
         detail: str,
@@ -268,13 +266,6 @@ class Processor:
         if stored:
             await self._publish_dead(key, snapshot, reason, failure, 0)
         return Outcome(key, "dead")
-
-    async def _park(
-        self, message: IncomingMessage, key: Key, wait: float, copy_attempts: int, snap: Snapshot
-    ) -> None:
-        """Hold a copy that cannot run yet in the delay ladder for ``wait`` seconds."""
-        log.debug("%s: copy parked for %.1f s", key, wait)
-        await self._publish_delayed(key, snap, wait, copy_attempts)
 
     async def _publish_delayed(
         self, key: Key, snapshot: Snapshot, wait: float, attempts: int
