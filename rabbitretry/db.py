@@ -30,10 +30,18 @@ _MIGRATION_LOCK = 0x7261_6262  # advisory lock key: one migrator at a time
 
 @cache
 def queries() -> dict[str, str]:
-    """The statements of ``sql/queries.sql`` by name."""
-    text = resources.files("rabbitretry.sql").joinpath("queries.sql").read_text()
-    parts = _NAME_LINE.split(text)
-    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+    """The statements of every ``sql/*.sql`` file (one file per concept) by name."""
+    found: dict[str, str] = {}
+    folder = resources.files("rabbitretry.sql")
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".sql"):
+            continue
+        parts = _NAME_LINE.split(entry.read_text())
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            if name in found:
+                raise RuntimeError(f"query {name!r} is defined twice (again in {entry.name})")
+            found[name] = body.strip()
+    return found
 
 
 def query(name: str) -> str:

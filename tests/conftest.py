@@ -21,7 +21,9 @@ import pytest
 from rabbitretry import db
 from rabbitretry.settings import DEFAULT_AMQP_URL, DEFAULT_DATABASE_URL
 
-TEMPLATE_DB = "rabbitretry_test_template"
+# One template per test session, so that sessions running side by side (or on different
+# migrations) never drop or copy each other's template.
+TEMPLATE_DB = f"rabbitretry_test_template_{os.getpid()}"
 
 
 def _reachable(url: str) -> bool:
@@ -105,8 +107,16 @@ def template_database(server_database_url: str) -> Iterator[str]:
         finally:
             await tmpl.close()
 
+    async def drop() -> None:
+        conn = await asyncpg.connect(server_database_url)
+        try:
+            await conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE_DB} WITH (FORCE)")
+        finally:
+            await conn.close()
+
     asyncio.run(build())
     yield TEMPLATE_DB
+    asyncio.run(drop())
 
 
 @pytest.fixture
