@@ -19,6 +19,7 @@ PooledConnection = asyncpg.pool.PoolConnectionProxy
 Connection = asyncpg.Connection | PooledConnection
 Transaction = asyncpg.transaction.Transaction
 Record = asyncpg.Record
+Executor = Pool | Connection  # anything that runs a statement
 
 # What a lost or failing database connection raises.
 UNAVAILABLE = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncio.TimeoutError)

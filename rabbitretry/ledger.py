@@ -10,11 +10,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rabbitretry.db import Connection, Pool, Record, query
+from rabbitretry.db import Executor, Record, query
 from rabbitretry.failure import Failure
 
 Verdict = Literal["claimed", "finished", "stale", "busy", "not-due", "exhausted"]
-Executor = Pool | Connection
 
 
 @dataclass(frozen=True)
