@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: help venv demo demo-shop test test-unit lint services clean
+.PHONY: help venv demo demo-shop test test-unit lint services clean bench bench-quick
 
 help:
 	@echo "make demo      run the demo against the local RabbitMQ and PostgreSQL"
@@ -11,6 +11,7 @@ help:
 	@echo "make test      the whole test suite (unit, integration, acceptance, drills)"
 	@echo "make test-unit only the tests that need no services"
 	@echo "make lint      ruff and mypy --strict"
+	@echo "make bench     benchmarks against the anchors (20,000 messages a run; bench-quick: 3,000)"
 	@echo "make services  start RabbitMQ and PostgreSQL with Docker (docker-compose.yml)"
 
 $(BIN)/rabbitretry: pyproject.toml
@@ -34,9 +35,17 @@ test-unit: venv
 	$(BIN)/python -m pytest tests/unit
 
 lint: venv
-	$(BIN)/ruff check rabbitretry tests examples
-	$(BIN)/ruff format --check rabbitretry tests examples
+	$(BIN)/ruff check rabbitretry tests examples bench
+	$(BIN)/ruff format --check rabbitretry tests examples bench
 	$(BIN)/mypy
+
+bench: venv
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m bench
+
+bench-quick: venv
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m bench --quick
 
 services:
 	docker compose up -d --wait

@@ -1,0 +1,174 @@
+"""``python -m bench``: every variant, latency, retry timing and the due-scan, in one run.
+
+Writes ``bench/results/latest.json`` and ``bench/results/throughput.png`` and prints the
+tables. ``--quick`` is the short run (3,000 messages a variant).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import platform
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import asyncpg
+
+from bench import report, stats
+from bench.due_scan import run_due_scan, scan_statement
+from bench.latency import run_latency
+from bench.retry_delay import run_retry_delays
+from bench.services import AMQP_URL, scratch_database
+from bench.throughput import run_dramatiq, run_naive, run_rabbitretry, run_raw
+
+RESULTS = Path(__file__).parent / "results"
+
+Runner = Callable[[int, int], Awaitable[float]]  # (messages, warmup) -> msgs/s
+
+
+def variants(database_url: str) -> list[tuple[str, str, Runner]]:
+    found: list[tuple[str, str, Runner]] = []
+    for c in (1, 8, 32):
+        found.append(("A", str(c), lambda m, w, c=c: run_raw(c, m, w)))
+        found.append(("B", str(c), lambda m, w, c=c: run_naive(database_url, c, m, w)))
+        found.append(("C", str(c), lambda m, w, c=c: run_rabbitretry(database_url, c, m, w)))
+    for threads in (1, 8):
+        found.append(("D", f"1x{threads}", lambda m, w, t=threads: run_dramatiq(t, m, w)))
+    return found
+
+
+async def throughput(
+    database_url: str, messages: int, repeats: int
+) -> dict[str, dict[str, list[float]]]:
+    """Every variant ``repeats`` times, round-robin so that a noisy minute hits them all."""
+    warmup = max(200, messages // 10)
+    runs: dict[str, dict[str, list[float]]] = {}
+    for repeat in range(1, repeats + 1):
+        for variant, setting, runner in variants(database_url):
+            rate = await runner(messages, warmup)
+            runs.setdefault(variant, {}).setdefault(setting, []).append(rate)
+            print(f"  run {repeat}/{repeats}  {variant}({setting}): {rate:,.0f} msgs/s", flush=True)
+    return runs
+
+
+def cpu_model() -> str:
+    path = Path("/proc/cpuinfo")
+    if not path.exists():
+        return platform.processor() or "?"
+    lines = path.read_text().splitlines()
+    models = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return models[0] if models else "?"
+
+
+async def machine(database_url: str) -> dict[str, Any]:
+    connection = await aio_pika.connect(AMQP_URL)
+    try:
+        props = connection.transport.connection.server_properties  # type: ignore[union-attr]
+        rabbitmq = props.get("version", "?")
+    finally:
+        await connection.close()
+    conn = await asyncpg.connect(database_url)
+    try:
+        postgres = await conn.fetchval("SHOW server_version")
+    finally:
+        await conn.close()
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "rabbitmq": str(rabbitmq),
+        "postgres": postgres,
+        "system": platform.platform(),
+    }
+
+
+async def main(messages: int, repeats: int, retries: int, latency_seconds: float) -> None:
+    started = time.monotonic()
+    async with scratch_database() as database_url:
+        print(f"throughput: {messages:,} messages a run, {repeats} runs, medians", flush=True)
+        runs = await throughput(database_url, messages, repeats)
+        rates = stats.medians(runs)
+
+        rate = 0.5 * stats.best(rates["C"])
+        count = max(500, int(rate * latency_seconds))
+        print(f"latency: {count:,} messages at {rate:,.0f} msgs/s, concurrency 32", flush=True)
+        pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+        assert pool is not None
+        try:
+
+            async def succeeded(queue: str) -> int:
+                return int(
+                    await pool.fetchval(
+                        "SELECT count(*) FROM rabbitretry.ledger"
+                        " WHERE queue = $1 AND status = 'succeeded'",
+                        queue,
+                    )
+                )
+
+            worker = await run_latency(database_url, rate, count, 32, succeeded)
+        finally:
+            await pool.close()
+        latency = {"rate": rate, "concurrency": 32, **stats.summary(worker.latencies_ms)}
+
+        print(f"retry delays: {retries} retries of 1-8 s", flush=True)
+        delays = await run_retry_delays(database_url, retries)
+        errors = [error for error, _ in delays]
+        allowance = stats.retry_allowance([scheduled for _, scheduled in delays])
+        retry = {**stats.summary(errors), "allowance": allowance, "min": min(errors)}
+
+        print("due-scan: 10k, 100k, 1M ledger rows", flush=True)
+        scan = await run_due_scan(database_url)
+        info = await machine(database_url)
+
+    targets = stats.targets(
+        rates, latency["p99"], retry["p99"], allowance, scan.get("1000000"), worker.peak_rss_mb
+    )
+    results = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": info,
+        "messages": messages,
+        "repeats": repeats,
+        "runs": runs,
+        "throughput": rates,
+        "ratios": stats.ratios(rates),
+        "latency": latency,
+        "rss_mb": worker.peak_rss_mb,
+        "retry_delay": retry,
+        "due_scan_ms": scan,
+        "due_scan_statement": scan_statement()[1],
+        "targets": [t.as_dict() for t in targets],
+        "seconds": round(time.monotonic() - started),
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "latest.json").write_text(json.dumps(results, indent=2) + "\n")
+    from bench.chart import throughput_chart
+
+    throughput_chart(rates, RESULTS / "throughput.png")
+    print()
+    print(report.console(results))
+    print(f"\nwrote {RESULTS / 'latest.json'} and throughput.png in {results['seconds']} s")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="3,000 messages a run")
+    parser.add_argument("--messages", type=int, help="messages a run (default 20,000)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each variant")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    messages = args.messages or (3_000 if args.quick else 20_000)
+    asyncio.run(
+        main(
+            messages,
+            args.repeats,
+            retries=200 if args.quick else 400,
+            latency_seconds=5.0 if args.quick else 15.0,
+        )
+    )

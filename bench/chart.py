@@ -1,0 +1,35 @@
+"""The throughput chart (needs matplotlib, from the ``bench`` extra)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from bench.report import LABELS
+
+
+def throughput_chart(rates: Mapping[str, Mapping[str, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for variant in ("A", "B", "C"):
+        settings = ["1", "8", "32"]
+        values = [rates[variant][s] for s in settings]
+        ax.plot([1, 8, 32], values, marker="o", label=LABELS[variant])
+    for setting, threads in (("1x1", 1), ("1x8", 8)):
+        ax.scatter([threads], [rates["D"][setting]], marker="s", color="tab:red")
+    ax.scatter([], [], marker="s", color="tab:red", label=f"{LABELS['D']} (1x1, 1x8 threads)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([1, 8, 32], ["1", "8", "32"])
+    ax.set_xlabel("concurrency (consumers, or dramatiq threads)")
+    ax.set_ylabel("messages per second (median)")
+    ax.set_title("Consumer throughput, no-op handler, one broker and one database")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

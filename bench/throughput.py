@@ -1,0 +1,234 @@
+"""Consumer throughput of the four variants, each on a prefilled queue of its own.
+
+Every run prefills ``warmup + messages`` messages, starts the consumers, and times the
+``messages`` that come after the warm-up ones: connections, pools and caches are warm, and
+the publisher is not competing for the CPU while the clock runs.
+
+* A  raw aio-pika: prefetch 1 per consumer, manual ack, no-op handler (the broker floor);
+* B  A plus a naive ledger: insert-or-increment, then mark done, each its own commit;
+* C  rabbitretry: a real ``Worker`` with a no-op ``Consumer``;
+* D  dramatiq with its RabbitMQ broker (threads, prefetch 2 per thread, no ledger).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aio_pika
+import asyncpg
+
+from bench.services import (
+    AMQP_URL,
+    body,
+    declare_plain_queue,
+    delete_queues,
+    prefill,
+    random_name,
+    wait_until,
+)
+from rabbitretry import amqp
+from rabbitretry.consumer import Consumer, Context
+from rabbitretry.topology import declare
+from rabbitretry.worker import Worker, topology_of
+
+TIMEOUT = 600.0
+
+NAIVE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS bench_naive (
+    queue text NOT NULL, message_id text NOT NULL, attempts integer NOT NULL,
+    status text NOT NULL, finished_at timestamptz, PRIMARY KEY (queue, message_id))
+"""
+NAIVE_CLAIM = """
+INSERT INTO bench_naive AS l (queue, message_id, attempts, status)
+VALUES ($1, $2, 1, 'processing')
+ON CONFLICT (queue, message_id) DO UPDATE SET attempts = l.attempts + 1, status = 'processing'
+"""
+NAIVE_DONE = """
+UPDATE bench_naive SET status = 'done', finished_at = now() WHERE queue = $1 AND message_id = $2
+"""
+
+
+class Clock:
+    """Marks when the warm-up ends and when the measured messages are through."""
+
+    def __init__(self, warmup: int, messages: int) -> None:
+        self.warmup = warmup
+        self.total = warmup + messages
+        self.count = 0
+        self.started = 0.0
+        self._lock = threading.Lock()  # dramatiq counts from its worker threads
+
+    def tick(self) -> None:
+        with self._lock:
+            self.count += 1
+            if self.count == self.warmup:
+                self.started = time.monotonic()
+
+    @property
+    def done(self) -> bool:
+        return self.count >= self.total
+
+
+def _bodies(queue: str, count: int) -> list[tuple[str, bytes]]:
+    return [(f"{queue}:{i}", body(i)) for i in range(count)]
+
+
+async def raw_consumers(
+    queue: str,
+    concurrency: int,
+    clock: Clock,
+    work: Callable[[aio_pika.abc.AbstractIncomingMessage], Awaitable[None]] | None = None,
+) -> float:
+    """A or B: ``concurrency`` channels with prefetch 1 consuming ``queue``; msgs/s."""
+    connection = await aio_pika.connect(AMQP_URL)
+    try:
+        finished = asyncio.Event()
+
+        async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            if work is not None:
+                await work(message)
+            await message.ack()
+            clock.tick()
+            if clock.done:
+                finished.set()
+
+        for _ in range(concurrency):
+            channel = await connection.channel()
+            await channel.set_qos(prefetch_count=1)
+            declared = await channel.declare_queue(queue, passive=True)
+            await declared.consume(on_message)
+        await asyncio.wait_for(finished.wait(), TIMEOUT)
+        ended = time.monotonic()
+    finally:
+        await connection.close()
+    return (clock.total - clock.warmup) / (ended - clock.started)
+
+
+async def run_raw(concurrency: int, messages: int, warmup: int) -> float:
+    queue = random_name("raw")
+    connection = await aio_pika.connect(AMQP_URL)
+    try:
+        await declare_plain_queue(connection, queue)
+        await prefill(connection, queue, _bodies(queue, warmup + messages))
+        return await raw_consumers(queue, concurrency, Clock(warmup, messages))
+    finally:
+        await delete_queues(connection, [queue])
+        await connection.close()
+
+
+async def run_naive(database_url: str, concurrency: int, messages: int, warmup: int) -> float:
+    queue = random_name("naive")
+    connection = await aio_pika.connect(AMQP_URL)
+    pool = await asyncpg.create_pool(database_url, min_size=concurrency, max_size=concurrency)
+    assert pool is not None
+    try:
+        await pool.execute(NAIVE_SCHEMA)
+        await declare_plain_queue(connection, queue)
+        await prefill(connection, queue, _bodies(queue, warmup + messages))
+
+        async def two_commits(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            async with pool.acquire() as conn:
+                await conn.execute(NAIVE_CLAIM, queue, message.message_id)
+                await conn.execute(NAIVE_DONE, queue, message.message_id)
+
+        return await raw_consumers(queue, concurrency, Clock(warmup, messages), two_commits)
+    finally:
+        await pool.close()
+        await delete_queues(connection, [queue])
+        await connection.close()
+
+
+def noop_consumer(queue_name: str, clock: Clock | None = None) -> type[Consumer[Any]]:
+    class BenchNoop(Consumer[dict[str, Any]]):
+        queue = queue_name
+
+        async def handle(self, msg: dict[str, Any], ctx: Context) -> None:
+            if clock is not None:
+                clock.tick()
+
+    return BenchNoop
+
+
+async def run_rabbitretry(database_url: str, concurrency: int, messages: int, warmup: int) -> float:
+    queue = random_name("rr")
+    clock = Clock(warmup, messages)
+    consumer = noop_consumer(queue, clock)
+    topology = topology_of([consumer])
+    connection = await amqp.connect(AMQP_URL, name="rabbitretry-bench")
+    try:
+        await declare(connection, topology)
+        await prefill(connection, queue, _bodies(queue, warmup + messages))
+        pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+        assert pool is not None
+        worker = Worker(
+            consumers=[consumer],
+            amqp_url=AMQP_URL,
+            database_url=database_url,
+            concurrency=concurrency,
+        )
+        task = asyncio.create_task(worker.run())
+        try:
+            await wait_until(lambda: clock.done or task.done(), timeout=TIMEOUT)
+            if task.done():
+                task.result()  # the worker failed: re-raise its error
+
+            async def all_succeeded() -> bool:
+                done = await pool.fetchval(
+                    "SELECT count(*) FROM rabbitretry.ledger"
+                    " WHERE queue = $1 AND status = 'succeeded'",
+                    queue,
+                )
+                return bool(done >= clock.total)
+
+            ended = await wait_until(all_succeeded, timeout=TIMEOUT, interval=0.002)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 60)
+            await pool.close()
+        return messages / (ended - clock.started)
+    finally:
+        await delete_queues(connection, [q.name for q in topology.queue_declarations()])
+        await connection.close()
+
+
+async def run_dramatiq(threads: int, messages: int, warmup: int) -> float:
+    import dramatiq
+    from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+    queue = random_name("dramatiq").replace(".", "_")  # dramatiq's own names use dots
+    clock = Clock(warmup, messages)
+    broker = RabbitmqBroker(url=AMQP_URL)
+    actor_name = f"bench_noop_{queue}"
+
+    def noop(n: int) -> None:
+        clock.tick()
+
+    dramatiq.actor(noop, actor_name=actor_name, queue_name=queue, broker=broker)
+    broker.declare_queue(queue, ensure=True)
+    connection = await aio_pika.connect(AMQP_URL)
+    try:
+        encoded = [
+            (
+                f"{queue}:{i}",
+                dramatiq.Message(
+                    queue_name=queue, actor_name=actor_name, args=(i,), kwargs={}, options={}
+                ).encode(),
+            )
+            for i in range(warmup + messages)
+        ]
+        await prefill(connection, queue, encoded)
+        worker = dramatiq.Worker(broker, worker_threads=threads, worker_timeout=100)
+        worker.start()
+        try:
+            ended = await wait_until(lambda: clock.done, timeout=TIMEOUT, interval=0.002)
+        finally:
+            await asyncio.to_thread(worker.stop)
+            await asyncio.to_thread(broker.close)
+        return messages / (ended - clock.started)
+    finally:
+        await delete_queues(connection, [queue, f"{queue}.DQ", f"{queue}.XQ"])
+        await connection.close()
