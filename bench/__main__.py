@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import platform
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -163,6 +164,8 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=3, help="runs of each variant")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    # SIGTERM stops the run like Ctrl-C: cleanup (scratch database, queues) still runs.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     messages = args.messages or (3_000 if args.quick else 20_000)
     asyncio.run(
         main(

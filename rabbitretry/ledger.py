@@ -58,9 +58,10 @@ async def claim(
     worker: str,
     copy_attempts: int,
     snapshot: Snapshot,
+    statement: str = "claim",
 ) -> Claim:
     row = await executor.fetchrow(
-        query("claim"),
+        query(statement),
         key.queue,
         key.message_id,
         max_attempts,
@@ -74,6 +75,10 @@ async def claim(
         snapshot.routing_key,
     )
     assert row is not None
+    return claim_of(row)
+
+
+def claim_of(row: Record) -> Claim:
     return Claim(
         verdict=row["verdict"],
         attempt=row["attempt"],

@@ -18,7 +18,7 @@ from typing import Any
 
 import pydantic
 
-from rabbitretry import ledger, naming
+from rabbitretry import batching, ledger, naming
 from rabbitretry.amqp import (
     CHANNEL_ERRORS,
     ConfirmingPublisher,
@@ -67,6 +67,7 @@ class Processor:
         self.dead_queue = work_queue.dead_queue_name
         self.ladder = work_queue.ladder
         self.policy = type(consumer).retry
+        self.commits = batching.commits_for(pool)
 
     async def process(self, message: IncomingMessage) -> Outcome:
         try:
@@ -109,14 +110,15 @@ class Processor:
             )
 
         copy_attempts = _int_header(message, ATTEMPTS_HEADER)
-        claim = await ledger.claim(
-            self.pool,
-            key,
-            max_attempts=self.policy.max_attempts,
-            lease_seconds=type(self.consumer).lease,
-            worker=self.worker_id,
-            copy_attempts=copy_attempts,
-            snapshot=snapshot,
+        claim = await self.commits.claims.submit(
+            batching.ClaimRequest(
+                key,
+                max_attempts=self.policy.max_attempts,
+                lease_seconds=type(self.consumer).lease,
+                worker=self.worker_id,
+                copy_attempts=copy_attempts,
+                snapshot=snapshot,
+            )
         )
         if claim.verdict in ("finished", "stale"):
             log.debug("%s: %s copy dropped (%s)", key, claim.verdict, claim.status)
@@ -168,7 +170,7 @@ class Processor:
         committed = (
             await effects.commit_with(mark_succeeded)
             if effects.open
-            else await mark_succeeded(self.pool)
+            else await self.commits.successes.submit(batching.SuccessRequest(key, claim.attempt))
         )
         if not committed:
             log.warning(

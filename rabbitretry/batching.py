@@ -1,0 +1,223 @@
+"""Commit groups: the ledger writes of concurrent attempts, committed together.
+
+Every commit that must be durable waits for PostgreSQL to flush its WAL to disk. With one
+statement and one commit per claim and per success mark, a worker at concurrency N pays
+for 2N commits at a time, and on a small machine the database spends its time committing.
+A :class:`CommitGroup` collects the writes that arrive while the previous group is being
+written and sends them as one statement over arrays, in one transaction: one round trip and
+one flush for many messages.
+
+Nothing is acked earlier than before: each caller still waits for *its* write to commit
+(its future resolves only after the group's commit returns), so the ledger is durable before
+the broker hears anything. A lone write goes out at once (no timer, no added latency at low
+load); writes queue only behind a group already on its way.
+
+If a group fails as a whole (a deadlock between groups of two workers, one row breaking a
+constraint, a lost connection), each of its writes is retried on its own, so one bad write
+never fails the others and the error each caller sees is its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from rabbitretry import ledger
+from rabbitretry.db import Connection, Pool, query
+from rabbitretry.ledger import Claim, Key, Snapshot
+
+Request = TypeVar("Request")
+Result = TypeVar("Result")
+
+MAX_GROUP = 256  # writes in one statement: bounds its size and the time its locks are held
+
+
+class CommitGroup(Generic[Request, Result]):
+    """Runs submitted writes in groups: one group in flight, the next one filling up."""
+
+    def __init__(
+        self,
+        pool: Pool,
+        run_group: Callable[[Connection, Sequence[Request]], Awaitable[list[Result]]],
+        run_one: Callable[[Connection, Request], Awaitable[Result]],
+        max_group: int = MAX_GROUP,
+    ) -> None:
+        self._pool = pool
+        self._run_group = run_group
+        self._run_one = run_one
+        self._max_group = max_group
+        self._waiting: list[tuple[Request, asyncio.Future[Result]]] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def submit(self, request: Request) -> Result:
+        """Write ``request`` with the next group; returns once that group has committed."""
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self._waiting.append((request, future))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_all())
+        return await future
+
+    async def _write_all(self) -> None:
+        group: list[tuple[Request, asyncio.Future[Result]]] = []
+        try:
+            # Writes that arrive while the connection is being handed back find this task
+            # still running, so it looks again before it ends.
+            while self._waiting:
+                # One connection for the whole burst: a pool hands each connection back
+                # with a reset query, a round trip per group otherwise.
+                async with self._pool.acquire() as conn:
+                    while self._waiting:
+                        group = self._waiting[: self._max_group]
+                        del self._waiting[: self._max_group]
+                        await self._write(conn, group)
+        except BaseException as error:
+            # No connection (the database is away), or cancelled with the event loop: every
+            # waiting caller gets the error rather than waiting forever.
+            for _, future in group + self._waiting:
+                if future.done():
+                    continue
+                if isinstance(error, Exception):
+                    future.set_exception(error)
+                else:
+                    future.cancel()
+            self._waiting.clear()
+            if not isinstance(error, Exception):
+                raise
+
+    async def _write(
+        self, conn: Connection, group: list[tuple[Request, asyncio.Future[Result]]]
+    ) -> None:
+        requests = [request for request, _ in group]
+        outcomes: list[Result | BaseException] = []
+        try:
+            if len(requests) == 1:
+                outcomes = [await self._run_one(conn, requests[0])]
+            else:
+                outcomes = list(await self._run_group(conn, requests))
+        except Exception as error:
+            if len(requests) == 1:
+                outcomes = [error]
+            else:
+                # Each write on its own: the error a caller sees is its own, if any.
+                outcomes = [await _outcome(self._run_one(conn, r)) for r in requests]
+        for (_, future), outcome in zip(group, outcomes, strict=True):
+            if future.done():  # its caller was cancelled (a shutdown)
+                continue
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+
+
+async def _outcome(write: Awaitable[Result]) -> Result | BaseException:
+    try:
+        return await write
+    except Exception as error:
+        return error
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    key: Key
+    max_attempts: int
+    lease_seconds: float
+    worker: str
+    copy_attempts: int
+    snapshot: Snapshot
+
+
+@dataclass(frozen=True)
+class SuccessRequest:
+    key: Key
+    attempt: int
+
+
+class LedgerCommits:
+    """The commit groups of one ledger pool: claims, and success marks without effects."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.claims: CommitGroup[ClaimRequest, Claim] = CommitGroup(pool, _claim_group, _claim_one)
+        self.successes: CommitGroup[SuccessRequest, bool] = CommitGroup(
+            pool, _success_group, _success_one
+        )
+
+
+async def _claim_one(conn: Connection, r: ClaimRequest) -> Claim:
+    return await ledger.claim(
+        conn,
+        r.key,
+        max_attempts=r.max_attempts,
+        lease_seconds=r.lease_seconds,
+        worker=r.worker,
+        copy_attempts=r.copy_attempts,
+        snapshot=r.snapshot,
+        statement="batching_claim",
+    )
+
+
+async def _claim_group(conn: Connection, requests: Sequence[ClaimRequest]) -> list[Claim]:
+    # Sorted by key, so that two groups lock the same rows in the same order.
+    order = sorted(range(len(requests)), key=lambda i: _key_order(requests[i].key))
+    rs = [requests[i] for i in order]
+    rows = await conn.fetch(
+        query("batching_claim_many"),
+        [r.key.queue for r in rs],
+        [r.key.message_id for r in rs],
+        [r.max_attempts for r in rs],
+        [r.lease_seconds for r in rs],
+        [r.worker for r in rs],
+        [r.copy_attempts for r in rs],
+        [r.snapshot.body for r in rs],
+        [_json(r.snapshot.headers) for r in rs],
+        [_json(r.snapshot.properties) for r in rs],
+        [r.snapshot.exchange for r in rs],
+        [r.snapshot.routing_key for r in rs],
+    )
+    claims: list[Claim | None] = [None] * len(requests)
+    for row in rows:
+        claims[order[row["ord"] - 1]] = ledger.claim_of(row)
+    if any(c is None for c in claims):
+        raise RuntimeError("a grouped claim returned fewer rows than it was given")
+    return [c for c in claims if c is not None]
+
+
+async def _success_one(conn: Connection, r: SuccessRequest) -> bool:
+    return await ledger.finish(conn, r.key, r.attempt, "succeeded")
+
+
+async def _success_group(conn: Connection, requests: Sequence[SuccessRequest]) -> list[bool]:
+    rs = sorted(requests, key=lambda r: _key_order(r.key))
+    rows = await conn.fetch(
+        query("batching_succeeded_many"),
+        [r.key.queue for r in rs],
+        [r.key.message_id for r in rs],
+        [r.attempt for r in rs],
+    )
+    marked = {(row["queue"], row["message_id"], row["attempt"]) for row in rows}
+    return [(r.key.queue, r.key.message_id, r.attempt) in marked for r in requests]
+
+
+def _key_order(key: Key) -> tuple[str, str]:
+    return (key.queue, key.message_id)
+
+
+def _json(value: dict[str, Any]) -> str:
+    return json.dumps(value, default=str)
+
+
+_by_pool: dict[int, LedgerCommits] = {}
+
+
+def commits_for(pool: Pool) -> LedgerCommits:
+    """The commit groups shared by every consumer of ``pool`` (one worker's ledger pool)."""
+    for pool_id, known in list(_by_pool.items()):
+        if known.pool.is_closing():
+            del _by_pool[pool_id]
+    commits = _by_pool.get(id(pool))
+    if commits is None or commits.pool is not pool:
+        commits = _by_pool[id(pool)] = LedgerCommits(pool)
+    return commits

@@ -1,0 +1,132 @@
+"""Grouped ledger writes against the real database, and a busy worker through them."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import asyncpg
+import pytest
+
+from rabbitretry import Consumer, Context
+from rabbitretry.batching import ClaimRequest, LedgerCommits, SuccessRequest
+from rabbitretry.db import query
+from rabbitretry.ledger import Key, Snapshot
+from tests.integration.harness import publish, running_worker, wait_for
+
+pytestmark = pytest.mark.asyncio
+
+SNAPSHOT = Snapshot(body=b"{}", headers={"h": 1}, properties={}, exchange="", routing_key="q")
+
+
+def claim_request(message_id: str, queue: str = "q") -> ClaimRequest:
+    return ClaimRequest(
+        Key(queue, message_id),
+        max_attempts=3,
+        lease_seconds=30,
+        worker="w",
+        copy_attempts=0,
+        snapshot=SNAPSHOT,
+    )
+
+
+async def test_a_group_of_claims_and_success_marks_writes_what_single_ones_would(
+    pool: asyncpg.Pool,
+) -> None:
+    commits = LedgerCommits(pool)
+    ids = ["c", "a", "b", "a"]  # unsorted, with a duplicate delivery of "a"
+    claims = await asyncio.gather(*(commits.claims.submit(claim_request(i)) for i in ids))
+    verdicts = [(c.verdict, c.attempt) for c in claims]
+    assert verdicts.count(("claimed", 1)) == 3
+    assert ("busy", 1) in verdicts  # the second copy of "a" found the first one's lease
+    rows = await pool.fetch(
+        "SELECT message_id, status, attempts, headers::text FROM rabbitretry.ledger"
+        " ORDER BY message_id"
+    )
+    assert [(r["message_id"], r["status"], r["attempts"]) for r in rows] == [
+        ("a", "processing", 1),
+        ("b", "processing", 1),
+        ("c", "processing", 1),
+    ]
+    assert all('"h": 1' in r["headers"] for r in rows)
+
+    marks = await asyncio.gather(
+        commits.successes.submit(SuccessRequest(Key("q", "a"), 1)),
+        commits.successes.submit(SuccessRequest(Key("q", "b"), 2)),  # not the current attempt
+        commits.successes.submit(SuccessRequest(Key("q", "c"), 1)),
+    )
+    assert list(marks) == [True, False, True]
+    statuses = await pool.fetch(
+        "SELECT l.message_id, l.status, a.outcome, a.finished_at IS NOT NULL AS closed"
+        " FROM rabbitretry.ledger l JOIN rabbitretry.attempt a USING (queue, message_id)"
+        " ORDER BY l.message_id"
+    )
+    assert [tuple(r) for r in statuses] == [
+        ("a", "succeeded", "succeeded", True),
+        ("b", "processing", None, False),
+        ("c", "succeeded", "succeeded", True),
+    ]
+
+
+async def commit_mode_after(conn: asyncpg.Connection, statement: str, *args: Any) -> str:
+    async with conn.transaction():
+        await conn.fetch(statement, *args)
+        mode: str = await conn.fetchval("SHOW synchronous_commit")
+    return mode
+
+
+def one_claim_args(message_id: str) -> list[Any]:
+    return ["q", message_id, 3, 30.0, "w", 0, b"{}", "{}", "{}", "", "q"]
+
+
+def many_claim_args(message_ids: list[str]) -> list[Any]:
+    columns = [[value] * len(message_ids) for value in one_claim_args("")]
+    columns[1] = message_ids
+    return columns
+
+
+async def test_only_successful_claims_skip_the_wait_for_their_flush(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        assert await commit_mode_after(conn, query("batching_claim"), *one_claim_args("x")) == "off"
+        # "x" is now held: a second claim is busy, and may lead straight to an ack
+        assert await commit_mode_after(conn, query("batching_claim"), *one_claim_args("x")) == "on"
+        many = query("batching_claim_many")
+        assert await commit_mode_after(conn, many, *many_claim_args(["y", "z"])) == "off"
+        assert await commit_mode_after(conn, many, *many_claim_args(["w", "x"])) == "on"
+
+
+async def test_a_busy_worker_records_every_message_once(
+    amqp_url: str,
+    database_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+) -> None:
+    handled: list[str] = []
+
+    class Many(Consumer[dict[str, int]]):
+        queue = queue_name
+
+        async def handle(self, msg: dict[str, int], ctx: Context) -> None:
+            handled.append(ctx.message_id)
+
+    cleanup.append(Many)
+    count = 300
+    async with running_worker([Many], amqp_url, database_url, concurrency=16):
+        await asyncio.gather(
+            *(publish(amqp_url, queue_name, {"n": i}, message_id=f"m{i}") for i in range(count))
+        )
+
+        async def all_succeeded() -> bool:
+            done = await pool.fetchval(
+                "SELECT count(*) FROM rabbitretry.ledger WHERE status = 'succeeded'"
+            )
+            return bool(done == count)
+
+        await wait_for(all_succeeded, timeout=60)
+    assert sorted(handled) == sorted(f"m{i}" for i in range(count))
+    counts = await pool.fetchrow(
+        "SELECT count(*) AS attempts, count(*) FILTER (WHERE outcome = 'succeeded') AS ok,"
+        " (SELECT sum(attempts) FROM rabbitretry.ledger) AS counted FROM rabbitretry.attempt"
+    )
+    assert tuple(counts) == (count, count, count)

@@ -1,0 +1,143 @@
+"""Commit groups: lone writes go at once, concurrent ones share a statement, failures stay own."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import pytest
+
+from rabbitretry.batching import CommitGroup
+
+
+class FakePool:
+    """Hands out a token connection and counts acquisitions."""
+
+    def __init__(self) -> None:
+        self.acquired = 0
+        self.releasing = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[str]:
+        self.acquired += 1
+        yield "conn"
+        self.releasing.set()
+        await asyncio.sleep(0.01)  # a real pool resets the connection: a round trip
+
+
+class Recorder:
+    """Group and single writes that double numbers; negative numbers are refused."""
+
+    def __init__(self) -> None:
+        self.groups: list[list[int]] = []
+        self.singles: list[int] = []
+        self.release = asyncio.Event()
+        self.release.set()
+
+    async def run_group(self, conn: Any, requests: Sequence[int]) -> list[int]:
+        assert conn == "conn"
+        self.groups.append(list(requests))
+        await self.release.wait()
+        if any(r < 0 for r in requests):
+            raise ValueError("a negative number in the group")
+        return [2 * r for r in requests]
+
+    async def run_one(self, conn: Any, request: int) -> int:
+        assert conn == "conn"
+        self.singles.append(request)
+        await self.release.wait()
+        if request < 0:
+            raise ValueError(f"negative: {request}")
+        return 2 * request
+
+
+def group_of(recorder: Recorder, pool: FakePool, max_group: int = 256) -> CommitGroup[int, int]:
+    return CommitGroup(pool, recorder.run_group, recorder.run_one, max_group)  # type: ignore[arg-type]
+
+
+async def test_a_lone_write_goes_out_at_once_on_its_own() -> None:
+    recorder, pool = Recorder(), FakePool()
+    group = group_of(recorder, pool)
+    assert await group.submit(21) == 42
+    assert recorder.singles == [21]
+    assert recorder.groups == []
+
+
+async def test_writes_arriving_during_a_write_share_the_next_statement() -> None:
+    recorder, pool = Recorder(), FakePool()
+    group = group_of(recorder, pool)
+    recorder.release.clear()
+    first = asyncio.create_task(group.submit(1))
+    await asyncio.sleep(0)  # the first write is on its way
+    others = [asyncio.create_task(group.submit(n)) for n in (2, 3, 4)]
+    await asyncio.sleep(0)
+    recorder.release.set()
+    assert await first == 2
+    assert [await t for t in others] == [4, 6, 8]
+    assert recorder.singles == [1]
+    assert recorder.groups == [[2, 3, 4]]
+    assert pool.acquired == 1  # one connection for the whole burst
+
+
+async def test_a_write_arriving_while_the_connection_is_handed_back_is_not_forgotten() -> None:
+    recorder, pool = Recorder(), FakePool()
+    group = group_of(recorder, pool)
+    first = asyncio.create_task(group.submit(1))
+    await pool.releasing.wait()
+    assert await asyncio.wait_for(group.submit(2), 1) == 4
+    assert await first == 2
+
+
+async def test_groups_are_bounded() -> None:
+    recorder, pool = Recorder(), FakePool()
+    group = group_of(recorder, pool, max_group=2)
+    results = await asyncio.gather(*(group.submit(n) for n in range(5)))
+    assert results == [0, 2, 4, 6, 8]
+    assert [len(g) for g in recorder.groups] == [2, 2]
+    assert recorder.singles == [4]
+
+
+async def test_a_failed_group_is_retried_write_by_write_and_each_caller_sees_its_own_error() -> (
+    None
+):
+    recorder, pool = Recorder(), FakePool()
+    group = group_of(recorder, pool)
+    outcomes = await asyncio.gather(*(group.submit(n) for n in (5, -1, 7)), return_exceptions=True)
+    assert outcomes[0] == 10
+    assert isinstance(outcomes[1], ValueError) and "negative: -1" in str(outcomes[1])
+    assert outcomes[2] == 14
+    assert recorder.groups == [[5, -1, 7]]
+    assert recorder.singles == [5, -1, 7]
+
+
+async def test_a_cancelled_caller_does_not_disturb_the_others() -> None:
+    recorder, pool = Recorder(), FakePool()
+    group = group_of(recorder, pool)
+    recorder.release.clear()
+    doomed = asyncio.create_task(group.submit(1))
+    kept = asyncio.create_task(group.submit(2))
+    await asyncio.sleep(0)
+    doomed.cancel()
+    recorder.release.set()
+    assert await kept == 4
+    with pytest.raises(asyncio.CancelledError):
+        await doomed
+
+
+async def test_a_pool_that_cannot_give_a_connection_fails_every_waiting_write() -> None:
+    class BrokenPool:
+        @contextlib.asynccontextmanager
+        async def acquire(self) -> AsyncIterator[str]:
+            raise OSError("database is down")
+            yield "never"
+
+    recorder = Recorder()
+    group: CommitGroup[int, int] = CommitGroup(
+        BrokenPool(),  # type: ignore[arg-type]
+        recorder.run_group,
+        recorder.run_one,
+    )
+    outcomes = await asyncio.gather(*(group.submit(n) for n in (1, 2)), return_exceptions=True)
+    assert all(isinstance(o, OSError) for o in outcomes)
