@@ -12,8 +12,16 @@ import pytest
 from rabbitretry.batching import CommitGroup
 
 
+class FakeConn:
+    def __init__(self) -> None:
+        self.closed = False
+
+    def is_closed(self) -> bool:
+        return self.closed
+
+
 class FakePool:
-    """Hands out a token connection and counts acquisitions."""
+    """Hands out fake connections and counts acquisitions."""
 
     def __init__(self) -> None:
         self.acquired = 0
@@ -22,7 +30,8 @@ class FakePool:
     @contextlib.asynccontextmanager
     async def acquire(self) -> AsyncIterator[str]:
         self.acquired += 1
-        yield "conn"
+        self.conn = FakeConn()
+        yield self.conn
         self.releasing.set()
         await asyncio.sleep(0.01)  # a real pool resets the connection: a round trip
 
@@ -37,7 +46,7 @@ class Recorder:
         self.release.set()
 
     async def run_group(self, conn: Any, requests: Sequence[int]) -> list[int]:
-        assert conn == "conn"
+        assert isinstance(conn, FakeConn) and not conn.closed
         self.groups.append(list(requests))
         await self.release.wait()
         if any(r < 0 for r in requests):
@@ -45,7 +54,7 @@ class Recorder:
         return [2 * r for r in requests]
 
     async def run_one(self, conn: Any, request: int) -> int:
-        assert conn == "conn"
+        assert isinstance(conn, FakeConn) and not conn.closed
         self.singles.append(request)
         await self.release.wait()
         if request < 0:
@@ -88,6 +97,17 @@ async def test_a_write_arriving_while_the_connection_is_handed_back_is_not_forgo
     await pool.releasing.wait()
     assert await asyncio.wait_for(group.submit(2), 1) == 4
     assert await first == 2
+
+
+async def test_the_connection_is_kept_between_writes_and_replaced_once_it_breaks() -> None:
+    recorder, pool = Recorder(), FakePool()
+    group = group_of(recorder, pool)
+    assert await group.submit(1) == 2
+    assert await group.submit(2) == 4  # within the linger: same connection
+    assert pool.acquired == 1
+    pool.conn.closed = True
+    assert await group.submit(3) == 6
+    assert pool.acquired == 2
 
 
 async def test_groups_are_bounded() -> None:
