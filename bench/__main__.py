@@ -30,6 +30,7 @@ from bench.services import AMQP_URL, scratch_database
 from bench.throughput import run_dramatiq, run_naive, run_rabbitretry, run_raw
 
 RESULTS = Path(__file__).parent / "results"
+DOCUMENT = Path(__file__).parent.parent / "docs" / "benchmarks.md"
 
 Runner = Callable[[int, int], Awaitable[float]]  # (messages, warmup) -> msgs/s
 
@@ -152,9 +153,11 @@ async def main(messages: int, repeats: int, retries: int, latency_seconds: float
     from bench.chart import throughput_chart
 
     throughput_chart(rates, RESULTS / "throughput.png")
+    if DOCUMENT.exists():
+        DOCUMENT.write_text(report.with_results(DOCUMENT.read_text(), results))
     print()
     print(report.console(results))
-    print(f"\nwrote {RESULTS / 'latest.json'} and throughput.png in {results['seconds']} s")
+    print(f"\nwrote {RESULTS / 'latest.json'}, throughput.png and {DOCUMENT.name}")
 
 
 if __name__ == "__main__":

@@ -73,3 +73,45 @@ def console(results: Mapping[str, Any]) -> str:
             targets_table(results["targets"]),
         ]
     )
+
+
+START = "<!-- results:start -->"
+END = "<!-- results:end -->"
+
+
+def results_section(results: Mapping[str, Any]) -> str:
+    """The generated part of docs/benchmarks.md: machine, tables, chart."""
+    m = results["machine"]
+    return "\n".join(
+        [
+            START,
+            f"Run of {results['date']}: {results['messages']:,} messages a run, median of "
+            f"{results['repeats']} runs, {results['seconds']} s in all. Machine: {m['cpu']}, "
+            f"{m['cores']} cores, {m['system']}; Python {m['python']}, RabbitMQ "
+            f"{m['rabbitmq']}, PostgreSQL {m['postgres']}; due-scan statement: "
+            f"{results['due_scan_statement']}.",
+            "",
+            "Throughput (msgs/s):",
+            "",
+            throughput_table(results["throughput"]),
+            "",
+            "![throughput](../bench/results/throughput.png)",
+            "",
+            ratio_table(results["ratios"]),
+            "",
+            other_table(results),
+            "",
+            targets_table(results["targets"]),
+            END,
+        ]
+    )
+
+
+def with_results(document: str, results: Mapping[str, Any]) -> str:
+    """``document`` with its generated section replaced (or appended if it has none)."""
+    section = results_section(results)
+    if START in document and END in document:
+        before, rest = document.split(START, 1)
+        _, after = rest.split(END, 1)
+        return before + section + after
+    return document.rstrip("\n") + "\n\n" + section + "\n"

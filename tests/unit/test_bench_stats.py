@@ -87,3 +87,38 @@ def test_report_tables_show_every_variant_and_missed_targets() -> None:
     text = report.targets_table(targets)
     assert "| p99 latency at half load | 30.00 ms | ≤ 25.00 ms | **no** |" in text
     assert "due-scan" not in text
+
+
+def test_the_generated_section_of_the_document_is_replaced_and_the_rest_kept() -> None:
+    targets = [t.as_dict() for t in stats.targets(RATES, 30.0, 0.8, 1.0, 3.0, 60.0)]
+    results = {
+        "date": "2026-01-01T00:00:00+00:00",
+        "messages": 3000,
+        "repeats": 3,
+        "seconds": 100,
+        "machine": {
+            "cpu": "cpu",
+            "cores": 2,
+            "system": "linux",
+            "python": "3.11",
+            "rabbitmq": "3.10.8",
+            "postgres": "15",
+        },
+        "due_scan_statement": "reconcile_overdue_retries",
+        "throughput": RATES,
+        "ratios": stats.ratios(RATES),
+        "latency": {"rate": 100.0, "p50": 1.0, "p95": 2.0, "p99": 30.0, "max": 40.0},
+        "retry_delay": {"count": 10, "p50": 0.1, "p95": 0.5, "p99": 0.8, "max": 0.9},
+        "due_scan_ms": {"10000": 0.5, "1000000": 3.0},
+        "rss_mb": 60.0,
+        "targets": targets,
+    }
+    document = f"# Benchmarks\n\nintro\n\n{report.START}\nold figures\n{report.END}\n\nwhy\n"
+    updated = report.with_results(document, results)
+    assert updated.startswith("# Benchmarks\n\nintro\n\n")
+    assert updated.endswith("\n\nwhy\n")
+    assert "old figures" not in updated
+    assert "| C rabbitretry | 600 | 4,000 | 5,000 |  |  |" in updated
+    assert "| 1,000,000 | 3.00 |" in updated
+    appended = report.with_results("# Benchmarks\n", results)
+    assert appended.count(report.START) == 1 and appended.startswith("# Benchmarks\n\n")
