@@ -14,11 +14,12 @@ import hashlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import pydantic
 
-from rabbitretry import ledger, naming
+from rabbitretry import ledger, naming, validity
 from rabbitretry.amqp import (
     CHANNEL_ERRORS,
     ConfirmingPublisher,
@@ -44,7 +45,7 @@ class Outcome:
     """What became of one delivery, for logs, metrics and tests."""
 
     key: Key | None
-    result: str  # succeeded, retrying, dead, dropped, parked, interrupted, requeued
+    result: str  # succeeded, retrying, dead, skipped, dropped, parked, interrupted, requeued
     attempt: int = 0
 
 
@@ -152,6 +153,15 @@ class Processor:
             headers=dict(message.headers or {}),
             x_death=_x_death(message),
         )
+        born = await self._born(message, key)
+        try:
+            skip = await validity.skip_reason(self.consumer, payload, ctx, born, datetime.now(UTC))
+        except Exception as error:
+            return await self._failed(key, claim, error, snapshot)
+        if skip is not None:
+            log.info("%s: skipped (%s), the handler is not called", key, skip)
+            await ledger.finish(self.pool, key, claim.attempt, "skipped", reason=skip)
+            return Outcome(key, "skipped", claim.attempt)
         try:
             async with self._lease_kept(key, claim.attempt):
                 effects = await self._run_handler(payload, ctx)
@@ -179,6 +189,13 @@ class Processor:
             )
             return Outcome(key, "dropped", claim.attempt)
         return Outcome(key, "succeeded", claim.attempt)
+
+    async def _born(self, message: IncomingMessage, key: Key) -> datetime | None:
+        """When the message was published, else first seen; only looked up if it can expire."""
+        if type(self.consumer).expires_after is None or message.timestamp is not None:
+            return message.timestamp
+        row = await ledger.get(self.pool, key)
+        return row["first_seen"] if row else None
 
     async def _run_handler(self, payload: Any, ctx: Context) -> AttemptTransaction:
         """Run the handler (with in-process retries); the transaction of the try that worked."""

@@ -73,11 +73,13 @@ def run_async(function: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
     return wrapper
 
 
-def load_consumer(target: str) -> type[Consumer[Any]]:
-    """``package.module:ClassName`` → the Consumer subclass it names."""
+def load_attribute(
+    target: str, shape: str = "MODULE:CLASS (for example examples.points:AwardPoints)"
+) -> Any:
+    """``package.module:NAME`` → the object it names (a class, a job, a reconciliation)."""
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
-        raise UserError(f"{target!r} is not MODULE:CLASS (for example examples.points:AwardPoints)")
+        raise UserError(f"{target!r} is not {shape}")
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:
@@ -87,9 +89,15 @@ def load_consumer(target: str) -> type[Consumer[Any]]:
             f"cannot import module {module_name!r} ({error}); run from the directory that "
             "contains it, or install it"
         ) from error
-    consumer = getattr(module, attribute, None)
-    if consumer is None:
+    found = getattr(module, attribute, None)
+    if found is None:
         raise UserError(f"module {module_name!r} has no attribute {attribute!r}")
+    return found
+
+
+def load_consumer(target: str) -> type[Consumer[Any]]:
+    """``package.module:ClassName`` → the Consumer subclass it names."""
+    consumer = load_attribute(target)
     if not (isinstance(consumer, type) and issubclass(consumer, Consumer)):
         raise UserError(f"{target} is not a Consumer subclass")
     return consumer
