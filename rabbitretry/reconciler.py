@@ -120,7 +120,8 @@ class Reconciler:
     publish_rate: float = 200.0
     """Re-published messages per second, at most."""
     grace: float = 30.0
-    """Seconds of lateness tolerated before a retry or lease counts as lost."""
+    """Seconds of lateness tolerated before a retry or lease counts as lost, and seconds a
+    re-driven row (or re-published key) is left alone before it may be re-driven again."""
     heartbeat_name: str = HEARTBEAT_NAME
     expected_every: float = 60.0
     """Seconds between runs, for the heartbeat's staleness check (``run`` sets it)."""
@@ -131,8 +132,10 @@ class Reconciler:
     _stopping: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.max_batches < 1 or self.grace < 0:
-            raise ValueError("batch_size and max_batches must be >= 1, grace >= 0")
+        # grace is also how long a re-driven row is left alone: at 0, a second reconciler
+        # would find a row the first had just re-driven and publish it again.
+        if self.batch_size < 1 or self.max_batches < 1 or self.grace < 1:
+            raise ValueError("batch_size and max_batches must be >= 1, grace >= 1 second")
         self._limiter = RateLimiter(self.publish_rate)
         self._expiry = {c.queue: c.expires_after for c in self.consumers if c.expires_after}
 

@@ -42,7 +42,7 @@ async def reconcile(
     grace: Annotated[
         float,
         typer.Option(
-            min=0,
+            min=1,
             help="Seconds a retry may be overdue, or a lease expired, before its copy counts "
             "as lost. Keep it above the usual queue backlog: a re-drive while the copy is "
             "merely slow only costs a duplicate the ledger drops.",
