@@ -3,13 +3,15 @@
 -- that reconcilers running side by side never take the same row.
 
 -- name: reconcile_overdue_retries
--- `retrying` rows overdue by more than $1 seconds (their delay copy never came back), not
--- re-driven within the last $1 seconds; at most $2, marked re-driven. Served by
+-- `retrying` rows overdue by more than $1 seconds (their delay copy never came back); at most
+-- $2, marked re-driven. A row re-driven before is left alone for $1 seconds, doubling with each
+-- re-drive up to 64 × $1: a queue whose workers are down is not filled with copies. Served by
 -- ledger_retry_due_idx (status = 'retrying', next_retry_at).
 WITH due AS (
     SELECT queue, message_id FROM rabbitretry.ledger
     WHERE status = 'retrying' AND next_retry_at < now() - make_interval(secs => $1)
-      AND (redriven_at IS NULL OR redriven_at < now() - make_interval(secs => $1))
+      AND (redriven_at IS NULL
+           OR redriven_at < now() - make_interval(secs => $1 * 2 ^ least(redrives - 1, 6)))
     ORDER BY next_retry_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -23,12 +25,13 @@ RETURNING l.queue, l.message_id, l.attempts, l.first_seen, l.payload, l.headers,
 
 -- name: reconcile_expired_leases
 -- `processing` rows whose lease ran out more than $1 seconds ago (the worker died and its
--- delivery was lost), not re-driven within the last $1 seconds; at most $2, marked re-driven.
--- Served by ledger_lease_idx (status = 'processing', lease_until).
+-- delivery was lost); at most $2, marked re-driven, with the same hold-off as above. Served by
+-- ledger_lease_idx (status = 'processing', lease_until).
 WITH due AS (
     SELECT queue, message_id FROM rabbitretry.ledger
     WHERE status = 'processing' AND lease_until < now() - make_interval(secs => $1)
-      AND (redriven_at IS NULL OR redriven_at < now() - make_interval(secs => $1))
+      AND (redriven_at IS NULL
+           OR redriven_at < now() - make_interval(secs => $1 * 2 ^ least(redrives - 1, 6)))
     ORDER BY lease_until
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -93,11 +96,11 @@ LIMIT $5;
 
 -- name: reconcile_claim_republish
 -- Of the missing keys $2 of queue $1, those this reconciler may re-publish now: never
--- re-published, or not within the last $4 seconds. The row is the claim, so two reconcilers
--- never re-publish the same key at once.
+-- re-published, or not within the last $4 seconds (doubling with each re-publication, up to
+-- 64 × $4). The row is the claim, so two reconcilers never re-publish the same key at once.
 INSERT INTO rabbitretry.reconciler_republished AS r (queue, message_id, reconciliation)
 SELECT $1, key, $3 FROM unnest($2::text[]) AS key
 ON CONFLICT (queue, message_id) DO UPDATE
 SET republished_at = now(), times = r.times + 1, reconciliation = excluded.reconciliation
-WHERE r.republished_at < now() - make_interval(secs => $4)
+WHERE r.republished_at < now() - make_interval(secs => $4 * 2 ^ least(r.times - 1, 6))
 RETURNING message_id;

@@ -233,6 +233,34 @@ async def test_two_reconcilers_at_once_never_publish_a_message_twice(
     assert {r["redrives"] for r in rows} == {1}
 
 
+async def test_a_row_redriven_again_and_again_waits_longer_each_time(
+    amqp_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+    reconcilers: list[Reconciler],
+) -> None:
+    consumer = make_consumer(queue_name, never_called)
+    cleanup.append(consumer)
+    await declared(amqp_url, consumer)
+    await lost_retries(pool, queue_name, ["unlucky"])  # no worker ever takes the copies
+    reconciler = reconciler_for(reconcilers, pool, amqp_url, grace=30.0)
+
+    async def redriven_after(seconds_ago: int) -> int:
+        await pool.execute(
+            "UPDATE rabbitretry.ledger SET redriven_at = now() - make_interval(secs => $1)",
+            seconds_ago,
+        )
+        return (await reconciler.run_once()).retries_redriven
+
+    assert (await reconciler.run_once()).retries_redriven == 1
+    assert await redriven_after(10) == 0  # within the grace period
+    assert await redriven_after(45) == 1  # past it: the second re-drive
+    assert await redriven_after(45) == 0  # now the hold-off is 2 x 30 s
+    assert await redriven_after(75) == 1
+    assert len(await drain(amqp_url, queue_name)) == 3
+
+
 @pytest.mark.slow
 async def test_a_dead_workers_lost_delivery_is_redriven_after_its_lease(
     amqp_url: str,
