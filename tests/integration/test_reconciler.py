@@ -29,6 +29,7 @@ from rabbitretry import (
     ledger,
     naming,
 )
+from rabbitretry.errors import ServiceUnavailable
 from rabbitretry.failure import describe
 from rabbitretry.reconciler import Reconciler
 from rabbitretry.reconciliation import Expected, Reconciliation
@@ -378,6 +379,52 @@ async def test_an_outbox_row_no_relay_published_is_published(
     assert await drain(amqp_url, queue_name) == ["out-1"]
     statuses = await pool.fetch("SELECT message_id, status FROM rabbitretry.outbox ORDER BY id")
     assert [tuple(r) for r in statuses] == [("out-1", "sent"), ("out-2", "pending")]
+
+
+# --- running on an interval, and failing visibly ---------------------------------------------
+
+
+async def test_an_embedded_reconciler_keeps_running_until_stopped(
+    amqp_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+    reconcilers: list[Reconciler],
+) -> None:
+    consumer = make_consumer(queue_name, never_called)
+    cleanup.append(consumer)
+    await declared(amqp_url, consumer)
+    reconciler = reconciler_for(reconcilers, pool, amqp_url)
+    task = asyncio.create_task(reconciler.run(interval=1.0))
+    try:
+
+        async def a_run_finished() -> bool:
+            beats = await heartbeat.read_all(pool)
+            return bool(beats and beats[0].finished_at is not None)
+
+        await wait_for(a_run_finished)
+        await lost_retries(pool, queue_name, ["later"])  # lost after the first run
+
+        async def redriven_by_a_later_run() -> bool:
+            return await queue_depth(amqp_url, queue_name) == 1
+
+        await wait_for(redriven_by_a_later_run)
+    finally:
+        reconciler.stop()
+        await asyncio.wait_for(task, timeout=30)
+    (beat,) = await heartbeat.read_all(pool)
+    assert beat.ok and beat.expected_every == 1.0
+
+
+async def test_a_failing_run_is_recorded_in_the_heartbeat(
+    pool: asyncpg.Pool, reconcilers: list[Reconciler]
+) -> None:
+    reconciler = reconciler_for(reconcilers, pool, "amqp://guest:guest@127.0.0.1:1/")
+    with pytest.raises(ServiceUnavailable):
+        await reconciler.run_once()
+    (beat,) = await heartbeat.read_all(pool)
+    assert beat.failing and beat.error is not None
+    assert beat.error.startswith("ServiceUnavailable: cannot connect to RabbitMQ")
 
 
 # --- business validity -----------------------------------------------------------------------
