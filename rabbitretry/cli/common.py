@@ -123,11 +123,18 @@ _DURATION = re.compile(r"^(\d+)\s*([smhdw])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
 
+def parse_duration(text: str) -> timedelta:
+    """``30s``, ``15m``, ``2h``, ``7d``, ``1w``."""
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise UserError(f"{text!r} is not a duration such as 30m, 12h, 7d or 2w")
+    return timedelta(**{_UNITS[match[2]]: int(match[1])})
+
+
 def parse_time(text: str) -> datetime:
     """``30m``, ``2h``, ``7d`` (that long ago) or an ISO timestamp (UTC if no zone is given)."""
-    match = _DURATION.match(text.strip())
-    if match:
-        return datetime.now(UTC) - timedelta(**{_UNITS[match[2]]: int(match[1])})
+    if _DURATION.match(text.strip()):
+        return datetime.now(UTC) - parse_duration(text)
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
