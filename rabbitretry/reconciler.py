@@ -311,6 +311,7 @@ class Reconciler:
         orphans = await self.pool.fetch(
             query("reconcile_orphans"), item.queue, start, end, expected_keys, ORPHAN_EXAMPLES
         )
+        await self.pool.execute(query("reconcile_forget_republished"), item.name, item.lookback)
         window.orphaned = orphans[0]["total"] if orphans else 0
         window.orphan_examples = [row["message_id"] for row in orphans]
         if window.orphaned:

@@ -104,3 +104,9 @@ ON CONFLICT (queue, message_id) DO UPDATE
 SET republished_at = now(), times = r.times + 1, reconciliation = excluded.reconciliation
 WHERE r.republished_at < now() - make_interval(secs => $4 * 2 ^ least(r.times - 1, 6))
 RETURNING message_id;
+
+-- name: reconcile_forget_republished
+-- Re-publications of reconciliation $1 older than its look-back ($2 seconds): their keys are
+-- outside every window it still checks, so the claim rows have done their work.
+DELETE FROM rabbitretry.reconciler_republished
+WHERE reconciliation = $1 AND republished_at < now() - make_interval(secs => $2);

@@ -654,29 +654,32 @@ def _nodes(plan: Any) -> list[dict[str, Any]]:
     return found
 
 
-# --- the command line ------------------------------------------------------------------------
-
-
-async def test_reconcile_once_prints_its_report_and_says_how_to_call_it(
-    amqp_url: str, database_url: str
+async def test_republication_claims_are_forgotten_once_outside_the_window(
+    amqp_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+    reconcilers: list[Reconciler],
 ) -> None:
-    env = {
-        **os.environ,
-        "RABBITRETRY_AMQP_URL": amqp_url,
-        "RABBITRETRY_DATABASE_URL": database_url,
-        "COLUMNS": "200",  # one line per message, however long
-    }
-    command = [sys.executable, "-c", "from rabbitretry.cli import main; main()", "reconcile"]
+    consumer = make_consumer(queue_name, never_called)
+    cleanup.append(consumer)
+    await declared(amqp_url, consumer)
 
-    def call(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*command, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-        )
+    async def nothing(start: datetime, end: datetime) -> AsyncIterator[Expected]:
+        for _ in ():
+            yield Expected("never", b"")
 
-    done = await asyncio.to_thread(call, "--once")
-    assert done.returncode == 0, done.stderr
-    assert "overdue retries re-driven" in done.stdout
-    unsure = await asyncio.to_thread(call)
-    assert unsure.returncode == 2 and "--once, or --interval" in unsure.stderr
-    wrong = await asyncio.to_thread(call, "--once", "rabbitretry.consumer:Context")
-    assert wrong.returncode == 2 and "neither a Consumer class nor a Reconciliation" in wrong.stderr
+    await pool.execute(
+        "INSERT INTO rabbitretry.reconciler_republished"
+        " (queue, message_id, reconciliation, republished_at) VALUES"
+        " ($1, 'old', 'daily', now() - interval '20 minutes'),"
+        " ($1, 'recent', 'daily', now() - interval '5 minutes'),"
+        " ($1, 'other', 'hourly', now() - interval '20 minutes')",
+        queue_name,
+    )
+    item = Reconciliation("daily", queue_name, nothing, lookback=600, settle=0)
+    await reconciler_for(reconcilers, pool, amqp_url, reconciliations=[item]).run_once()
+    left = await pool.fetch(
+        "SELECT message_id FROM rabbitretry.reconciler_republished ORDER BY message_id"
+    )
+    assert [r["message_id"] for r in left] == ["other", "recent"]
