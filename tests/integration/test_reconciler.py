@@ -22,6 +22,7 @@ from rabbitretry import (
     Consumer,
     Context,
     Outbox,
+    Permanent,
     RetryPolicy,
     Topology,
     amqp,
@@ -480,6 +481,28 @@ async def test_expired_or_unwanted_messages_are_skipped_and_never_handled(
         ("old", "expired", "skipped"),
         ("unlucky", "thirteen is unlucky", "skipped"),
     ]
+
+
+async def test_a_should_skip_that_raises_fails_the_attempt_like_a_handler_would(
+    amqp_url: str,
+    database_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+) -> None:
+    async def refuse(self: Any, msg: Job, ctx: Context) -> str | None:
+        raise Permanent("the account service refused the lookup")
+
+    consumer = make_consumer(queue_name, never_called, should_skip=refuse)
+    cleanup.append(consumer)
+    async with running_worker([consumer], amqp_url, database_url):
+        await publish(amqp_url, queue_name, {"n": 1}, message_id="checked")
+        await wait_status(pool, queue_name, "checked", "dead")
+    row = await pool.fetchrow(
+        "SELECT error_type, error_message FROM rabbitretry.ledger WHERE message_id = 'checked'"
+    )
+    assert row is not None
+    assert row["error_message"] == "the account service refused the lookup"
 
 
 async def test_the_reconciler_skips_overdue_work_that_expired_without_publishing_it(
