@@ -65,7 +65,7 @@ def payload(alert: Alert) -> dict[str, Any]:
 def backoff(tries: int, base: float = BACKOFF_BASE, cap: float = BACKOFF_CAP) -> float:
     """Seconds before the next try after ``tries`` failed ones: doubling, capped. An alert is
     never given up: the webhook may be down for hours and the alert must still arrive."""
-    return float(min(cap, base * 2 ** max(0, tries - 1)))
+    return float(min(cap, base * 2 ** min(max(0, tries - 1), 32)))
 
 
 def mask_secret_url(url: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from rabbitretry.cli import dead, ledger, migrate, outbox, run, topology
+from rabbitretry.cli import alerts, dead, ledger, migrate, outbox, run, status, topology
 
 app = typer.Typer(
     name="rabbitretry",
@@ -25,6 +25,8 @@ app.command("run")(run.run)
 app.add_typer(dead.app, name="dead")
 app.add_typer(ledger.app, name="ledger")
 app.add_typer(outbox.app, name="outbox")
+app.add_typer(alerts.app, name="alerts")
+app.command("status")(status.status)
 
 
 def main() -> None:
