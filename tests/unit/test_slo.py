@@ -17,8 +17,8 @@ def beat(name: str, seconds_ago: float, *, every: float = 30, ok: bool | None = 
     return Heartbeat(name, "host:1", finished, finished, ok, {}, None if ok else "boom", every)
 
 
-def levels_breached(levels: QueueLevels, limits: Thresholds = Thresholds()) -> list[str]:
-    return [b.level for b in queue_breaches(levels, limits)]
+def levels_breached(levels: QueueLevels, limits: Thresholds | None = None) -> list[str]:
+    return [b.level for b in queue_breaches(levels, limits or Thresholds())]
 
 
 def test_healthy_levels_breach_nothing() -> None:
