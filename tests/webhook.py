@@ -17,9 +17,11 @@ class WebhookReceiver:
         self._server: asyncio.Server | None = None
         self.port = 0
 
+    path = "/hooks/T0/secret-token"
+
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hooks/T0/secret-token"
+        return f"http://127.0.0.1:{self.port}{self.path}"
 
     async def start(self) -> WebhookReceiver:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
