@@ -144,10 +144,13 @@ async def raise_condition(
 
 
 async def check_heartbeats(pool: Pool, *, repeat: float = DEFAULT_REPEAT) -> int:
-    """Raise an alert for every stale or failing heartbeat; how many were new."""
+    """Raise an alert for every stale or failing heartbeat but the deliverers' own (a restarted
+    deliverer would otherwise report its own downtime); how many were new."""
     now: datetime = await pool.fetchval(query("status_now"))
     raised = 0
     for beat in await heartbeat.read_all(pool):
+        if beat.name == HEARTBEAT_NAME:
+            continue
         level = heartbeat_level(beat, now)
         for breach in heartbeat_breaches(level):
             raised += await raise_condition(

@@ -13,7 +13,13 @@ from pydantic import BaseModel
 
 from rabbitretry import Consumer, Context, Permanent, RetryPolicy, alerts, heartbeat, levels
 from tests.integration.conftest import BrokerCleanup
-from tests.integration.harness import publish, running_worker, wait_for, wait_status
+from tests.integration.harness import (
+    publish,
+    publish_without_id,
+    running_worker,
+    wait_for,
+    wait_status,
+)
 from tests.webhook import WebhookReceiver
 
 
@@ -125,19 +131,23 @@ async def test_several_deliverers_send_each_alert_once(
     assert len(ids) == 20 and len(set(ids)) == 20
 
 
-async def test_stale_heartbeat_alerts_once_per_repeat_window(
+async def test_stale_and_failing_heartbeats_alert_once_per_repeat_window(
     pool: asyncpg.Pool, receiver: WebhookReceiver
 ) -> None:
-    await heartbeat.started(pool, "reconciler", "host:1", expected_every=1)
-    await heartbeat.finished(pool, "reconciler")
+    for name in ("reconciler", alerts.HEARTBEAT_NAME):  # the deliverer's own is not judged
+        await heartbeat.started(pool, name, "host:1", expected_every=1)
+        await heartbeat.finished(pool, name)
     await pool.execute("UPDATE rabbitretry.heartbeat SET finished_at = now() - interval '1 minute'")
-    assert await alerts.check_heartbeats(pool, repeat=3600) == 1
+    await heartbeat.started(pool, "nightly", "host:2", expected_every=3600)
+    await heartbeat.finished(pool, "nightly", error="ConnectionError: refused")
+
+    assert await alerts.check_heartbeats(pool, repeat=3600) == 2
     assert await alerts.check_heartbeats(pool, repeat=3600) == 0
     stats = await alerts.deliver_due(pool, receiver.url)
-    assert stats.sent == 1
-    (body,) = receiver.accepted
-    assert body["kind"] == "heartbeat" and body["group"] == "reconciler"
-    assert body["text"].startswith("reconciler heartbeat: stale for")
+    assert stats.sent == 2
+    texts = sorted(body["text"] for body in receiver.accepted)
+    assert texts[0] == "nightly heartbeat: failing: ConnectionError: refused"
+    assert texts[1].startswith("reconciler heartbeat: stale for")
 
 
 async def test_backlog_over_the_threshold_alerts(
@@ -177,3 +187,34 @@ async def _dead_row(pool: asyncpg.Pool, queue: str, message_id: str, fingerprint
         message_id,
         fingerprint,
     )
+
+
+async def test_every_transition_to_dead_counts_once(pool: asyncpg.Pool) -> None:
+    await _dead_row(pool, "q", "a", "fp")
+    # another write to a row that is already dead is no new death
+    await pool.execute("UPDATE rabbitretry.ledger SET status = 'dead', updated_at = now()")
+    # a replayed message that dies again is
+    await pool.execute("UPDATE rabbitretry.ledger SET status = 'retrying', next_retry_at = now()")
+    await pool.execute("UPDATE rabbitretry.ledger SET status = 'dead', next_retry_at = NULL")
+    (alert,) = await alert_rows(pool)
+    assert alert["count"] == 2 and alert["sample_keys"] == ["a"]
+
+
+async def test_a_message_without_id_is_alerted(
+    amqp_url: str,
+    database_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+) -> None:
+    consumer = failing_consumer(queue_name)
+    cleanup.append(consumer)
+    async with running_worker([consumer], amqp_url, database_url):
+        await publish_without_id(amqp_url, queue_name, b'{"n": 1}')
+        await wait_for(lambda: _alerted(pool), timeout=20)
+    (alert,) = await alert_rows(pool)
+    assert alert["error_type"] == "missing-message-id" and alert["queue"] == queue_name
+
+
+async def _alerted(pool: asyncpg.Pool) -> bool:
+    return bool(await alert_rows(pool))

@@ -54,6 +54,7 @@ BEGIN
         last_seen = now(),
         error_message = excluded.error_message,
         sample_keys = CASE WHEN cardinality(a.sample_keys) < 5
+                                AND NOT NEW.message_id = ANY (a.sample_keys)
                            THEN a.sample_keys || NEW.message_id
                            ELSE a.sample_keys END;
     RETURN NULL;
