@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
 
+from rabbitretry import amqp
 from tests.acceptance.cli import env_for, rabbitretry
 from tests.integration.conftest import BrokerCleanup
 from tests.integration.harness import publish
@@ -32,22 +33,22 @@ async def ledger_row(
 
 
 @pytest.fixture
-async def busy_queue(
-    amqp_url: str,
-    pool: asyncpg.Pool,
-    queue_name: str,
-    amqp_connection: Any,
-    broker_cleanup: BrokerCleanup,
-) -> str:
-    """A queue with 2 ready messages on the broker and 20 quick successes in the ledger."""
-    broker_cleanup.queue(queue_name)
-    channel = await amqp_connection.channel()
-    await channel.declare_queue(queue_name, durable=True)
-    await publish(amqp_url, queue_name, {"n": 1}, message_id="waiting", times=2)
-    for i in range(20):
-        await ledger_row(pool, queue_name, f"ok-{i}", "succeeded", 0.1 * i, attempts=1)
-    await ledger_row(pool, queue_name, "slow-retrier", "succeeded", 1.0, attempts=7)
-    return queue_name
+async def busy_queue(amqp_url: str, pool: asyncpg.Pool, queue_name: str) -> AsyncIterator[str]:
+    """A queue with 2 ready messages on the broker and 21 successes in the ledger."""
+    connection = await amqp.connect(amqp_url, name="rabbitretry-tests")
+    cleanup = BrokerCleanup()
+    cleanup.queue(queue_name)
+    try:
+        channel = await connection.channel()
+        await channel.declare_queue(queue_name, durable=True)
+        await publish(amqp_url, queue_name, {"n": 1}, message_id="waiting", times=2)
+        for i in range(20):
+            await ledger_row(pool, queue_name, f"ok-{i}", "succeeded", 0.1 * i, attempts=1)
+        await ledger_row(pool, queue_name, "slow-retrier", "succeeded", 1.0, attempts=7)
+        yield queue_name
+    finally:
+        await cleanup.delete_all(connection)
+        await connection.close()
 
 
 async def test_healthy_queues_exit_zero_with_a_table(

@@ -1,19 +1,31 @@
-"""The Prometheus endpoint of a real worker that processed real messages."""
+"""The Prometheus endpoint of a real worker that processed real messages, in-process and as
+``rabbitretry run --metrics-port`` in a subprocess."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import socket
+import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import aio_pika
+import aiormq
 import asyncpg
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 from rabbitretry import Consumer, Context, Permanent, Retry, RetryPolicy, heartbeat, metrics
 from rabbitretry.outbox import Outbox
-from tests.integration.harness import publish, running_worker, wait_status
+from tests.integration.conftest import BrokerCleanup
+from tests.integration.harness import publish, queue_depth, running_worker, wait_for, wait_status
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-c", "from rabbitretry.cli import main; main()"]
 
 
 class Job(BaseModel):
@@ -122,3 +134,86 @@ async def test_ledger_metrics_say_when_the_ledger_is_down(pool: asyncpg.Pool) ->
     await pool.close()
     text = (await metrics.render_ledger_metrics(pool)).decode()
     assert "rabbitretry_ledger_up 0.0" in text
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.slow
+async def test_run_serves_metrics_on_its_port(
+    amqp_url: str,
+    database_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    broker_cleanup: BrokerCleanup,
+    tmp_path: Path,
+) -> None:
+    events = tmp_path / "events.log"
+    events.touch()
+    port = free_port()
+    env = {
+        **os.environ,
+        "RABBITRETRY_AMQP_URL": amqp_url,
+        "RABBITRETRY_DATABASE_URL": database_url,
+        "RR_TEST_QUEUE": queue_name,
+        "RR_MODE": "slow",
+        "RR_SLEEP": "0",
+        "RR_EVENTS": str(events),
+    }
+    broker_cleanup.queue(queue_name)
+    log = (tmp_path / "worker.log").open("wb")
+    worker = await asyncio.create_subprocess_exec(
+        *CLI,
+        "run",
+        "tests.integration.crash_consumers:Crashy",
+        "--declare",
+        "--metrics-port",
+        str(port),
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=log,
+    )
+    try:
+
+        async def scraped() -> str:
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                return ""
+            writer.write(b"GET /metrics HTTP/1.1\r\n\r\n")
+            text = (await reader.read()).decode()
+            writer.close()
+            return text
+
+        await wait_for(scraped, timeout=30)
+        await wait_for(lambda: _declared(amqp_url, queue_name), timeout=30)
+        for n in range(3):
+            await publish(amqp_url, queue_name, {"n": n}, message_id=f"m{n}")
+        for n in range(3):
+            await wait_status(pool, queue_name, f"m{n}", "succeeded")
+
+        async def counted() -> str:
+            text = await scraped()
+            line = f'rabbitretry_processed_total{{outcome="succeeded",queue="{queue_name}"}} 3.0'
+            return text if line in text else ""
+
+        text = await wait_for(counted, timeout=15)
+        assert "rabbitretry_ledger_up 1.0" in text
+        assert f'rabbitretry_ledger_messages{{queue="{queue_name}",status="dead"}} 0.0' in text
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(worker.wait(), 30)
+        log.close()
+    assert worker.returncode == 0, (tmp_path / "worker.log").read_text()
+
+
+async def _declared(amqp_url: str, queue: str) -> bool:
+    try:
+        await queue_depth(amqp_url, queue)
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        return False
+    return True
