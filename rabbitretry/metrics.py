@@ -185,10 +185,14 @@ async def _serve_http(
     try:
         request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
         path = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b""
-        if path.split(b"?")[0] in (b"/metrics", b"/"):
-            body, status, kind = await render(), "200 OK", CONTENT_TYPE
-        else:
+        if path.split(b"?")[0] not in (b"/metrics", b"/"):
             body, status, kind = b"not found: try /metrics\n", "404 Not Found", "text/plain"
+        else:
+            try:
+                body, status, kind = await render(), "200 OK", CONTENT_TYPE
+            except Exception:
+                log.exception("could not render the metrics")
+                body, status, kind = b"could not render the metrics\n", "500 Error", "text/plain"
         writer.write(
             f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n"
             "Connection: close\r\n\r\n".encode()

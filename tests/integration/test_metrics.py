@@ -45,12 +45,17 @@ def consumer_for(queue: str) -> type[Consumer[Job]]:
     return Mixed
 
 
-async def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+async def get(port: int, path: str) -> tuple[bytes, bytes]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
     raw = await reader.read()
     writer.close()
     head, _, body = raw.partition(b"\r\n\r\n")
+    return head, body
+
+
+async def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    head, body = await get(port, "/metrics")
     assert head.startswith(b"HTTP/1.1 200")
     samples = {}
     for family in text_string_to_metric_families(body.decode()):
@@ -102,6 +107,8 @@ async def test_a_worker_serves_delivery_and_ledger_metrics(
         await wait_status(pool, queue_name, "m1", "succeeded")
         await wait_status(pool, queue_name, "m2", "dead")
         samples = await scrape(port)
+        missing, _ = await get(port, "/nope")
+        assert missing.startswith(b"HTTP/1.1 404")
 
     q = queue_name
     processed = "rabbitretry_processed_total"
