@@ -34,11 +34,19 @@ GROUP BY queue;
 
 -- name: status_unfinished
 -- Per queue and status, the messages retrying, processing or dead, and how many of those not
--- yet dead have been retried more than $1 times.
+-- yet dead have been retried more than $1 times. One branch per status, so that each is served
+-- by that status's partial index rather than a scan of the whole ledger.
 SELECT queue, status, count(*) AS messages,
        count(*) FILTER (WHERE status <> 'dead' AND attempts - 1 > $1) AS retried
-FROM rabbitretry.ledger
-WHERE status IN ('retrying', 'processing', 'dead')
+FROM (
+    SELECT queue, status, attempts FROM rabbitretry.ledger
+    WHERE status = 'retrying' AND next_retry_at IS NOT NULL
+    UNION ALL
+    SELECT queue, status, attempts FROM rabbitretry.ledger
+    WHERE status = 'processing' AND lease_until IS NOT NULL
+    UNION ALL
+    SELECT queue, status, attempts FROM rabbitretry.ledger WHERE status = 'dead'
+) unfinished
 GROUP BY queue, status;
 
 -- name: status_outbox
