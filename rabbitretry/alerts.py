@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from rabbitretry import heartbeat, levels
@@ -189,6 +189,37 @@ async def check_backlog(
 async def recent(executor: Executor, *, status: str | None = None, limit: int = 20) -> list[Alert]:
     rows = await executor.fetch(query("alerts_recent"), status, limit)
     return [alert_of(row) for row in rows]
+
+
+async def prune(executor: Executor, before: datetime) -> int:
+    """Remove alerts sent before ``before``; how many. Undelivered ones are always kept."""
+    status: str = await executor.execute(query("alerts_prune"), before)
+    return int(status.split()[-1])
+
+
+def sample(webhook_kind: str = "dead") -> dict[str, Any]:
+    """A made-up alert body, for checking that a webhook receives and shows alerts."""
+    now = datetime.now(UTC)
+    return payload(
+        Alert(
+            id=0,
+            kind=webhook_kind,
+            group_key="test",
+            queue="example.queue",
+            error_type="TestAlert",
+            error_message="a test alert from rabbitretry alerts test; nothing is wrong",
+            count=1,
+            sample_keys=["example-key"],
+            first_seen=now,
+            last_seen=now,
+            detail={"test": True},
+            status="pending",
+            tries=0,
+            next_try_at=now,
+            last_error=None,
+            sent_at=None,
+        )
+    )
 
 
 @dataclass

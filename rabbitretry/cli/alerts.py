@@ -13,6 +13,7 @@ from rich.table import Table
 from rabbitretry import alerts, db
 from rabbitretry.alert_rules import mask_secret_url, title
 from rabbitretry.cli.common import UserError, age, configure_logging, out, run_async, settings
+from rabbitretry.errors import RabbitRetryError
 
 app = typer.Typer(
     help=(
@@ -118,6 +119,27 @@ async def deliver(
     )
     if once and stats.failed:
         raise typer.Exit(1)
+
+
+@app.command()
+@run_async
+async def test(
+    webhook_url: Annotated[
+        str | None,
+        typer.Option(help="Default: RABBITRETRY_ALERT_WEBHOOK_URL."),
+    ] = None,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for it.")] = 10.0,
+) -> None:
+    """Post a made-up alert (id 0) to the webhook now, to check that it arrives.
+
+    Nothing is stored; exit 1 if the webhook does not accept it.
+    """
+    url = _webhook(webhook_url)
+    try:
+        await alerts.post_json(url, alerts.sample(), timeout)
+    except alerts.DeliveryFailed as error:
+        raise RabbitRetryError(f"{mask_secret_url(url)} did not accept it: {error}") from None
+    out.print(f"{mask_secret_url(url)} accepted the test alert", highlight=False)
 
 
 @app.command("list")

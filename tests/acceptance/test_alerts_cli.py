@@ -55,3 +55,16 @@ async def test_deliver_without_a_webhook_is_a_usage_error(amqp_url: str, databas
     env.pop("RABBITRETRY_ALERT_WEBHOOK_URL", None)
     result = await rabbitretry(env, "alerts", "deliver", "--once")
     assert result.code == 2 and "RABBITRETRY_ALERT_WEBHOOK_URL" in result.stderr
+
+
+async def test_a_test_alert_reaches_the_webhook_or_says_why(
+    amqp_url: str, database_url: str, receiver: WebhookReceiver
+) -> None:
+    env = env_for(amqp_url, database_url)
+    refused = await rabbitretry(env, "alerts", "test", "--webhook-url", receiver.url)
+    assert refused.code == 1 and "did not accept it: HTTP 503" in refused.stderr
+    accepted = await rabbitretry(env, "alerts", "test", "--webhook-url", receiver.url)
+    assert accepted.code == 0 and "accepted the test alert" in accepted.stdout
+    (body,) = receiver.accepted
+    assert body["id"] == 0 and body["error_type"] == "TestAlert"
+    assert "secret-token" not in refused.stderr + accepted.stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -218,3 +219,15 @@ async def test_a_message_without_id_is_alerted(
 
 async def _alerted(pool: asyncpg.Pool) -> bool:
     return bool(await alert_rows(pool))
+
+
+async def test_prune_removes_only_old_sent_alerts(
+    pool: asyncpg.Pool, receiver: WebhookReceiver
+) -> None:
+    await _dead_row(pool, "q", "a", "old")
+    await alerts.deliver_due(pool, receiver.url, window=0)
+    await _dead_row(pool, "q", "b", "fresh")
+    await pool.execute("UPDATE rabbitretry.alert SET sent_at = now() - interval '40 days'")
+    assert await alerts.prune(pool, datetime.now(UTC) - timedelta(days=30)) == 1
+    (kept,) = await alert_rows(pool)
+    assert kept["group_key"] == "fresh" and kept["status"] == "open"
