@@ -91,7 +91,9 @@ async def deliver_due(
 ) -> RoundStats:
     """Send every alert that is due; a refused one is tried again after a backoff."""
     stats = RoundStats()
-    alerts = await take_due(pool, window=window, limit=batch_size, lease=2 * timeout + 30)
+    # The lease covers the whole batch sent one after another, each call up to `timeout`.
+    lease = 2 * batch_size * timeout + 30
+    alerts = await take_due(pool, window=window, limit=batch_size, lease=lease)
     for alert in alerts:
         try:
             await post_json(webhook_url, payload(alert), timeout)
@@ -197,13 +199,13 @@ async def prune(executor: Executor, before: datetime) -> int:
     return int(status.split()[-1])
 
 
-def sample(webhook_kind: str = "dead") -> dict[str, Any]:
+def sample(kind: str = "dead") -> dict[str, Any]:
     """A made-up alert body, for checking that a webhook receives and shows alerts."""
     now = datetime.now(UTC)
     return payload(
         Alert(
             id=0,
-            kind=webhook_kind,
+            kind=kind,
             group_key="test",
             queue="example.queue",
             error_type="TestAlert",
