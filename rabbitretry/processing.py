@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -47,6 +48,9 @@ class Outcome:
     key: Key | None
     result: str  # succeeded, retrying, dead, skipped, dropped, parked, interrupted, requeued
     attempt: int = 0
+    handler_seconds: float | None = None  # None when the handler did not run
+    published_at: datetime | None = None  # the message's timestamp property, when set
+    received_at: datetime | None = None  # when this delivery reached the worker
 
 
 class Processor:
@@ -70,6 +74,7 @@ class Processor:
         self.policy = type(consumer).retry
 
     async def process(self, message: IncomingMessage) -> Outcome:
+        received_at = datetime.now(UTC)
         try:
             outcome = await self._process(message)
         except asyncio.CancelledError:
@@ -82,7 +87,7 @@ class Processor:
             log.error("%s: %s; message requeued, the ledger keeps its state", self.queue, error)
             return await self._requeue(message)
         await _settle(message, requeue=False)
-        return outcome
+        return replace(outcome, published_at=message.timestamp, received_at=received_at)
 
     async def _requeue(self, message: IncomingMessage) -> Outcome:
         await asyncio.sleep(REQUEUE_PAUSE)
@@ -162,6 +167,7 @@ class Processor:
             log.info("%s: skipped (%s), the handler is not called", key, skip)
             await ledger.finish(self.pool, key, claim.attempt, "skipped", reason=skip)
             return Outcome(key, "skipped", claim.attempt)
+        started = time.monotonic()
         try:
             async with self._lease_kept(key, claim.attempt):
                 effects = await self._run_handler(payload, ctx)
@@ -170,7 +176,10 @@ class Processor:
             log.warning("%s: attempt %d interrupted by shutdown, requeued", key, claim.attempt)
             raise
         except Exception as error:
-            return await self._failed(key, claim, error, snapshot)
+            handler_seconds = time.monotonic() - started
+            outcome = await self._failed(key, claim, error, snapshot)
+            return replace(outcome, handler_seconds=handler_seconds)
+        handler_seconds = time.monotonic() - started
 
         async def mark_succeeded(conn: Connection | Pool) -> bool:
             return await ledger.finish(conn, key, claim.attempt, "succeeded")
@@ -188,7 +197,7 @@ class Processor:
                 "; its transaction was rolled back" if effects.open else "",
             )
             return Outcome(key, "dropped", claim.attempt)
-        return Outcome(key, "succeeded", claim.attempt)
+        return Outcome(key, "succeeded", claim.attempt, handler_seconds)
 
     async def _born(self, message: IncomingMessage, key: Key) -> datetime | None:
         """When the message was published, else first seen; only looked up if it can expire."""
