@@ -193,12 +193,6 @@ async def recent(executor: Executor, *, status: str | None = None, limit: int = 
     return [alert_of(row) for row in rows]
 
 
-async def prune(executor: Executor, before: datetime) -> int:
-    """Remove alerts sent before ``before``; how many. Undelivered ones are always kept."""
-    status: str = await executor.execute(query("alerts_prune"), before)
-    return int(status.split()[-1])
-
-
 def sample(kind: str = "dead") -> dict[str, Any]:
     """A made-up alert body, for checking that a webhook receives and shows alerts."""
     now = datetime.now(UTC)

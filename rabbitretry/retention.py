@@ -1,4 +1,4 @@
-"""Retention: remove finished ledger rows and sent outbox rows older than a window.
+"""Retention: remove finished ledger rows, sent outbox rows and sent alerts older than a window.
 
 The ledger deduplicates by key only while it remembers the key: a duplicate that arrives after
 its row was pruned runs again. So the window must be longer than any redelivery, replay or
@@ -23,6 +23,7 @@ BATCH = 5_000  # rows per statement: short transactions, no long locks on a busy
 class Pruned:
     ledger: int
     outbox: int
+    alerts: int
 
 
 def check_window(window: timedelta) -> None:
@@ -35,7 +36,7 @@ def check_window(window: timedelta) -> None:
 
 async def prunable(pool: Pool, before: datetime) -> Pruned:
     counts = {row["what"]: row["rows"] for row in await pool.fetch(query("prunable"), before)}
-    return Pruned(ledger=counts["ledger"], outbox=counts["outbox"])
+    return Pruned(ledger=counts["ledger"], outbox=counts["outbox"], alerts=counts["alerts"])
 
 
 async def prune(pool: Pool, before: datetime, *, batch: int = BATCH) -> Pruned:
@@ -43,6 +44,7 @@ async def prune(pool: Pool, before: datetime, *, batch: int = BATCH) -> Pruned:
     return Pruned(
         ledger=await _in_batches(pool, "prune_ledger", before, batch),
         outbox=await _in_batches(pool, "prune_outbox", before, batch),
+        alerts=await _in_batches(pool, "prune_alerts", before, batch),
     )
 
 

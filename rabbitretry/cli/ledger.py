@@ -55,7 +55,7 @@ async def prune(
         bool, typer.Option("--dry-run", help="Count what would be removed; remove nothing.")
     ] = False,
 ) -> None:
-    """Remove finished messages (succeeded, skipped, ignored) and sent outbox rows.
+    """Remove finished messages (succeeded, skipped, ignored), sent outbox rows and sent alerts.
 
     Dead letters and messages in flight are never removed. A duplicate of a pruned message
     would run again, so keep the window longer than any redelivery or replay you expect.
@@ -71,14 +71,16 @@ async def prune(
         if dry_run:
             found = await retention.prunable(pool, before)
             out.print(
-                f"dry run: would remove {found.ledger} ledger row(s) and {found.outbox} sent "
-                f"outbox row(s) finished before {before:%Y-%m-%d %H:%M %Z}"
+                f"dry run: would remove {found.ledger} ledger row(s), {found.outbox} sent "
+                f"outbox row(s) and {found.alerts} sent alert(s) from before "
+                f"{before:%Y-%m-%d %H:%M %Z}"
             )
             return
         pruned = await retention.prune(pool, before)
     finally:
         await pool.close()
     out.print(
-        f"removed {pruned.ledger} ledger row(s) and {pruned.outbox} sent outbox row(s) "
-        f"finished before {before:%Y-%m-%d %H:%M %Z}; dead letters are kept"
+        f"removed {pruned.ledger} ledger row(s), {pruned.outbox} sent outbox row(s) and "
+        f"{pruned.alerts} sent alert(s) from before {before:%Y-%m-%d %H:%M %Z}; "
+        "dead letters are kept"
     )

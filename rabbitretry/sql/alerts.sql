@@ -51,6 +51,3 @@ WHERE $1::text IS NULL OR status = $1
 ORDER BY id DESC
 LIMIT $2;
 
--- name: alerts_prune
--- Sent alerts older than $1 (open and pending ones are never removed).
-DELETE FROM rabbitretry.alert WHERE status = 'sent' AND sent_at < $1;

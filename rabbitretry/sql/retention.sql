@@ -1,4 +1,5 @@
--- Retention: what `rabbitretry ledger prune` removes. Dead rows are never removed; neither are
+-- Retention: what `rabbitretry ledger prune` removes (finished messages, sent outbox rows and
+-- sent alerts). Dead rows are never removed; neither are
 -- rows still in flight. These scans are not indexed on purpose: pruning is rare maintenance, and
 -- an index on finished_at would cost every finished message on the hot path.
 
@@ -25,9 +26,20 @@ WITH doomed AS (
 )
 SELECT count(*) FROM deleted;
 
+-- name: prune_alerts
+-- One batch of alerts sent before $1 (open and pending ones are never removed).
+WITH doomed AS (
+    SELECT id FROM rabbitretry.alert WHERE status = 'sent' AND sent_at < $1 LIMIT $2
+), deleted AS (
+    DELETE FROM rabbitretry.alert a USING doomed d WHERE a.id = d.id RETURNING 1
+)
+SELECT count(*) FROM deleted;
+
 -- name: prunable
 -- What a prune before $1 would remove, per table.
 SELECT 'ledger' AS what, count(*) AS rows FROM rabbitretry.ledger
 WHERE status IN ('succeeded', 'skipped', 'ignored') AND finished_at < $1
 UNION ALL
-SELECT 'outbox', count(*) FROM rabbitretry.outbox WHERE status = 'sent' AND sent_at < $1;
+SELECT 'outbox', count(*) FROM rabbitretry.outbox WHERE status = 'sent' AND sent_at < $1
+UNION ALL
+SELECT 'alerts', count(*) FROM rabbitretry.alert WHERE status = 'sent' AND sent_at < $1;

@@ -12,7 +12,16 @@ import asyncpg
 import pytest
 from pydantic import BaseModel
 
-from rabbitretry import Consumer, Context, Permanent, RetryPolicy, alerts, heartbeat, levels
+from rabbitretry import (
+    Consumer,
+    Context,
+    Permanent,
+    RetryPolicy,
+    alerts,
+    heartbeat,
+    levels,
+    retention,
+)
 from tests.integration.conftest import BrokerCleanup
 from tests.integration.harness import (
     publish,
@@ -228,6 +237,7 @@ async def test_prune_removes_only_old_sent_alerts(
     await alerts.deliver_due(pool, receiver.url, window=0)
     await _dead_row(pool, "q", "b", "fresh")
     await pool.execute("UPDATE rabbitretry.alert SET sent_at = now() - interval '40 days'")
-    assert await alerts.prune(pool, datetime.now(UTC) - timedelta(days=30)) == 1
+    pruned = await retention.prune(pool, datetime.now(UTC) - timedelta(days=30))
+    assert pruned.alerts == 1
     (kept,) = await alert_rows(pool)
     assert kept["group_key"] == "fresh" and kept["status"] == "open"

@@ -53,8 +53,10 @@ async def test_prune_removes_only_old_finished_rows(pool: asyncpg.Pool) -> None:
     )
     before = datetime.now(UTC) - 30 * DAY
 
-    assert await retention.prunable(pool, before) == retention.Pruned(ledger=3, outbox=1)
-    assert await retention.prune(pool, before, batch=2) == retention.Pruned(ledger=3, outbox=1)
+    assert await retention.prunable(pool, before) == retention.Pruned(ledger=3, outbox=1, alerts=0)
+    assert await retention.prune(pool, before, batch=2) == retention.Pruned(
+        ledger=3, outbox=1, alerts=0
+    )
 
     assert await keys(pool) == {
         "old-dead",
