@@ -92,6 +92,10 @@ async def machine(database_url: str) -> dict[str, Any]:
 
 
 async def main(messages: int, repeats: int, retries: int, latency_seconds: float) -> None:
+    # SIGTERM stops the run like Ctrl-C: cleanup (scratch database, queues) still runs.
+    this = asyncio.current_task()
+    assert this is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, this.cancel)
     started = time.monotonic()
     async with scratch_database() as database_url:
         print(f"throughput: {messages:,} messages a run, {repeats} runs, medians", flush=True)
@@ -167,8 +171,6 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=3, help="runs of each variant")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    # SIGTERM stops the run like Ctrl-C: cleanup (scratch database, queues) still runs.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
     messages = args.messages or (3_000 if args.quick else 20_000)
     asyncio.run(
         main(

@@ -10,7 +10,8 @@ one flush for many messages.
 Nothing is acked earlier than before: each caller still waits for *its* write to commit
 (its future resolves only after the group's commit returns), so the ledger is durable before
 the broker hears anything. A lone write goes out at once (no timer, no added latency at low
-load); writes queue only behind a group already on its way. The writer keeps its pooled
+load); writes queue only while ``WRITERS`` groups are already on their way (two, so that
+one group's flush overlaps the next one's statement). The writer keeps its pooled
 connection while writes keep coming (and ``LINGER`` seconds more), so a steady stream of
 writes does not pay for the pool's reset query each time.
 
@@ -37,10 +38,11 @@ Result = TypeVar("Result")
 
 MAX_GROUP = 256  # writes in one statement: bounds its size and the time its locks are held
 LINGER = 0.05  # seconds a writer keeps its connection, waiting for the next write
+WRITERS = 2  # groups in flight at once: one flushes while the next one runs
 
 
 class CommitGroup(Generic[Request, Result]):
-    """Runs submitted writes in groups: one group in flight, the next one filling up."""
+    """Runs submitted writes in groups: up to ``writers`` groups in flight, the next filling up."""
 
     def __init__(
         self,
@@ -48,13 +50,16 @@ class CommitGroup(Generic[Request, Result]):
         run_group: Callable[[Connection, Sequence[Request]], Awaitable[list[Result]]],
         run_one: Callable[[Connection, Request], Awaitable[Result]],
         max_group: int = MAX_GROUP,
+        writers: int = WRITERS,
     ) -> None:
         self._pool = pool
         self._run_group = run_group
         self._run_one = run_one
         self._max_group = max_group
         self._waiting: list[tuple[Request, asyncio.Future[Result]]] = []
-        self._writer: asyncio.Task[None] | None = None
+        self._max_writers = writers
+        self._writers: set[asyncio.Task[None]] = set()
+        self._idle = 0  # writers waiting for work on their connection
         self._arrived = asyncio.Event()
 
     async def submit(self, request: Request) -> Result:
@@ -62,8 +67,10 @@ class CommitGroup(Generic[Request, Result]):
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._waiting.append((request, future))
         self._arrived.set()
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write_all())
+        if self._idle == 0 and len(self._writers) < self._max_writers:
+            writer = asyncio.create_task(self._write_all())
+            self._writers.add(writer)
+            writer.add_done_callback(self._writers.discard)
         return await future
 
     async def _write_all(self) -> None:
@@ -96,11 +103,20 @@ class CommitGroup(Generic[Request, Result]):
 
     async def _more_soon(self) -> bool:
         """True once a write is waiting; False after ``LINGER`` seconds without one."""
-        if not self._waiting:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LINGER
+        while not self._waiting:  # another idle writer may take what woke this one
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
             self._arrived.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), LINGER)
-        return bool(self._waiting)
+            self._idle += 1
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._arrived.wait(), remaining)
+            finally:
+                self._idle -= 1
+        return True
 
     async def _write(
         self, conn: Connection, group: list[tuple[Request, asyncio.Future[Result]]]

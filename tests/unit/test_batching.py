@@ -62,8 +62,16 @@ class Recorder:
         return 2 * request
 
 
-def group_of(recorder: Recorder, pool: FakePool, max_group: int = 256) -> CommitGroup[int, int]:
-    return CommitGroup(pool, recorder.run_group, recorder.run_one, max_group)  # type: ignore[arg-type]
+def group_of(
+    recorder: Recorder, pool: FakePool, max_group: int = 256, writers: int = 1
+) -> CommitGroup[int, int]:
+    return CommitGroup(
+        pool,  # type: ignore[arg-type]
+        recorder.run_group,
+        recorder.run_one,
+        max_group,
+        writers,
+    )
 
 
 async def test_a_lone_write_goes_out_at_once_on_its_own() -> None:
@@ -107,6 +115,24 @@ async def test_the_connection_is_kept_between_writes_and_replaced_once_it_breaks
     assert pool.acquired == 1
     pool.conn.closed = True
     assert await group.submit(3) == 6
+    assert pool.acquired == 2
+
+
+async def test_a_second_writer_takes_what_arrives_while_the_first_is_busy_and_no_third() -> None:
+    recorder, pool = Recorder(), FakePool()
+    group = group_of(recorder, pool, writers=2)
+    recorder.release.clear()
+    first = asyncio.create_task(group.submit(1))
+    await asyncio.sleep(0)
+    second = [asyncio.create_task(group.submit(n)) for n in (2, 3, 4)]
+    await asyncio.sleep(0)
+    third = [asyncio.create_task(group.submit(n)) for n in (5, 6)]
+    await asyncio.sleep(0)
+    assert recorder.singles == [1]
+    assert recorder.groups == [[2, 3, 4]]  # 5 and 6 wait: both writers are busy
+    recorder.release.set()
+    assert [await t for t in [first, *second, *third]] == [2, 4, 6, 8, 10, 12]
+    assert recorder.groups == [[2, 3, 4], [5, 6]]
     assert pool.acquired == 2
 
 
