@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from rabbitretry.cli import dead, ledger, migrate, outbox, run, topology
+from rabbitretry.cli import console, dead, ledger, migrate, outbox, run, topology
 
 app = typer.Typer(
     name="rabbitretry",
@@ -25,6 +25,7 @@ app.command("run")(run.run)
 app.add_typer(dead.app, name="dead")
 app.add_typer(ledger.app, name="ledger")
 app.add_typer(outbox.app, name="outbox")
+app.command("console")(console.console)
 
 
 def main() -> None:
