@@ -8,7 +8,15 @@ from typing import Annotated
 import typer
 import uvicorn
 
-from rabbitretry.cli.common import UserError, configure_logging, err, load_consumer, settings
+from rabbitretry import db
+from rabbitretry.cli.common import (
+    UserError,
+    configure_logging,
+    err,
+    load_consumer,
+    run_async,
+    settings,
+)
 from rabbitretry.console import Auth, ConsoleConfig, ConsoleRefused, check_startup, create_app
 from rabbitretry.settings import mask_url
 
@@ -53,6 +61,7 @@ def console(
     except UserError as error:
         err.print(f"[red]error:[/red] {error}", highlight=False)
         raise typer.Exit(2) from None
+    run_async(_check_ledger)(config.database_url)
     configure_logging(verbose)
     app = create_app(
         ConsoleConfig(
@@ -71,3 +80,17 @@ def console(
         mask_url(config.amqp_url),
     )
     uvicorn.run(app, host=host, port=port, log_level="info" if verbose else "warning")
+
+
+async def _check_ledger(url: str) -> None:
+    """Fail at start, in one line, rather than on the first page."""
+    pool = await db.create_pool(url, min_size=1, max_size=1)
+    try:
+        async with pool.acquire() as conn:
+            pending = await db.pending_migrations(conn)
+    finally:
+        await pool.close()
+    if pending:
+        raise UserError(
+            f"the ledger schema lacks {', '.join(pending)}: run `rabbitretry db migrate` first"
+        )

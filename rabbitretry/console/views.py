@@ -123,8 +123,14 @@ async def groups(request: Request) -> Response:
     )
 
 
-async def message(request: Request, *, error: str = "", draft: str | None = None) -> Response:
+async def message(request: Request) -> Response:
     key = ledger.Key(request.query_params.get("queue", ""), request.query_params.get("id", ""))
+    return await _message_page(request, key)
+
+
+async def _message_page(
+    request: Request, key: ledger.Key, *, error: str = "", draft: str | None = None
+) -> Response:
     pool = pool_of(request)
     row = await ledger.get(pool, key)
     if row is None:
@@ -193,7 +199,7 @@ async def replay_group(request: Request) -> Response:
     )
     return _start(
         request,
-        f"retry group {fingerprint}" + (f" up to {before:%Y-%m-%d %H:%M:%S}" if before else ""),
+        f"retry group {fingerprint}" + (f" up to {before:%Y-%m-%d %H:%M:%S %Z}" if before else ""),
         targets,
         rate=forms.rate_from(str(form.get("rate") or "")),
         canary=form.get("canary") == "on",
@@ -259,8 +265,7 @@ async def edit(request: Request) -> Response:
                 comment=str(form.get("comment") or "") or None,
             )
     except OperationError as error:
-        request.scope["query_string"] = urlencode({"queue": key.queue, "id": key.message_id})
-        return await message(Request(request.scope), error=str(error), draft=payload)
+        return await _message_page(request, key, error=str(error), draft=payload)
     return _to_message(key, "edited and retried" if done else "not-dead")
 
 
