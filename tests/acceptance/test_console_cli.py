@@ -85,10 +85,10 @@ async def test_console_serves_with_a_token_and_masks_passwords(
                     return None
 
             login = await wait_for(answering, timeout=30)
-            assert login.status_code == 200 and "postgres:***@" in login.text
-            assert "pa55word" not in login.text
+            assert login.status_code == 200 and "postgres" not in login.text
             page = await client.get("/audit", headers={"authorization": "Bearer tok"})
-            assert page.status_code == 200
+            assert page.status_code == 200 and "postgres:***@" in page.text
+            assert "pa55word" not in page.text
             assert (await client.get("/audit")).status_code == 303
     finally:
         process.terminate()

@@ -105,7 +105,7 @@ async def test_an_operator_works_through_the_dead_letters(
     consumer = orders_consumer(queue_name, Broken)
     cleanup.append(consumer)
     bodies: dict[str, Any] = {
-        **{f"o-{n}": {"order": n} for n in range(3)},
+        **{f"o-{n}": {"order": n} for n in range(4)},
         "neg": {"order": -1, "note": "sign error"},
         "skip": {"order": -2},
         "evil": {"order": -3, "note": "<script>alert('owned')</script>"},
@@ -135,7 +135,7 @@ async def test_an_operator_works_through_the_dead_letters(
             await page.fill("input[name=name]", "alice")
             await page.click("form.login button[type=submit]")
             await page.wait_for_url(f"{base}/messages")
-            assert await page.locator("table.list tbody tr").count() == 6
+            assert await page.locator("table.list tbody tr").count() == 7
             await page.screenshot(path=shots / "console-messages.png", full_page=True)
 
             # Filter: text search over keys and errors.
@@ -147,34 +147,52 @@ async def test_an_operator_works_through_the_dead_letters(
 
             # Open the group of "order N not found" failures.
             await page.goto(f"{base}/groups")
-            group = page.locator("table.groups tbody tr", has_text="order 0 not found")
+            example = page.locator("table.groups tbody tr", has_text="order 0 not found")
+            fingerprint = await example.locator("td a").first.inner_text()
+            group = page.locator("table.groups tbody tr", has_text=fingerprint)
             assert await group.count() == 1
-            assert await group.locator("td.num").inner_text() == "3"
+            assert await group.locator("td.num").inner_text() == "4"
             await page.screenshot(path=shots / "console-groups.png", full_page=True)
             await group.locator("td a").first.click()
             await page.wait_for_url("**fingerprint=*")
             keys = await page.locator("table.list td.key").all_inner_texts()
-            assert sorted(keys) == ["o-0", "o-1", "o-2"]
+            assert sorted(keys) == ["o-0", "o-1", "o-2", "o-3"]
 
-            # Retry the group with a canary (and the default cutoff: now), once mended.
+            # Once the consumer is mended: retry a selection, then the rest of the group with
+            # a canary (and the default cutoff: now).
             Broken.broken = False
+            await page.check("input[aria-label='select o-0']")
+            await page.check("input[aria-label='select o-1']")
+            await page.click("button:has-text('Retry selected')")
+            await page.wait_for_url("**/jobs/*")
+            await page.locator(".state.finished").wait_for(timeout=60_000)
+            assert "replayed 2 of 2" in await page.locator(".state").inner_text()
+            for n in range(2):
+                await wait_status(pool, queue_name, f"o-{n}", "succeeded")
             await page.goto(f"{base}/groups")
+            assert await group.locator("td.num").inner_text() == "2"
             await group.locator("button", has_text="Retry group").click()
             await page.wait_for_url("**/jobs/*")
             await page.locator(".state.finished").wait_for(timeout=60_000)
             summary = await page.locator(".state").inner_text()
-            assert "replayed 3 of 3" in summary and "succeeded" in summary
+            assert f"replayed 2 of 2; canary {queue_name}/o-2 succeeded" in summary
             await page.screenshot(path=shots / "console-job.png")
-            for n in range(3):
+            for n in range(2, 4):
                 await wait_status(pool, queue_name, f"o-{n}", "succeeded")
-            batch = (await audit(pool))[-1]
-            assert batch == {
-                "actor": "console:alice",
-                "action": "replay-batch",
-                "message_id": None,
-                "messages": 3,
-                "comment": None,
-            }
+            batches = [r for r in await audit(pool) if r["action"] == "replay-batch"]
+            assert (
+                batches
+                == [
+                    {
+                        "actor": "console:alice",
+                        "action": "replay-batch",
+                        "message_id": None,
+                        "messages": 2,
+                        "comment": None,
+                    }
+                ]
+                * 2
+            )
 
             # Ignore one with a comment.
             await page.goto(f"{base}/message?queue={queue_name}&id=skip")
@@ -208,6 +226,24 @@ async def test_an_operator_works_through_the_dead_letters(
             assert await page.locator("main script").count() == 0
             await page.screenshot(path=shots / "console-message.png", full_page=True)
             assert dialogs == []
+
+            # Retry one: it fails again (the order does not exist), and the page says so.
+            await page.click("button:has-text('Retry')")
+            await page.get_by_role("status").filter(has_text="retried").wait_for()
+
+            async def died_again() -> bool:
+                row = await pool.fetchrow(
+                    "SELECT status, replays FROM rabbitretry.ledger"
+                    " WHERE queue = $1 AND message_id = 'evil'",
+                    queue_name,
+                )
+                return row is not None and (row["status"], row["replays"]) == ("dead", 1)
+
+            await wait_for(died_again)
+            assert (await audit(pool))[-1]["action"] == "replay"
+            await page.goto(f"{base}/audit")
+            assert "console:alice" in await page.locator("table.audit").inner_text()
+            await page.screenshot(path=shots / "console-audit.png", full_page=True)
 
             # Strangers and other sites are refused; nothing changes.
             stranger = await browser.new_context()
