@@ -18,7 +18,7 @@ from rabbitretry.console import views
 from rabbitretry.console.app import Authenticate, ConsoleConfig, http_error, operation_error
 from rabbitretry.console.jobs import Jobs
 from rabbitretry.console.security import Auth, ConsoleRefused, check_startup
-from rabbitretry.operations import OperationError
+from rabbitretry.errors import RabbitRetryError
 
 __all__ = ["Auth", "ConsoleConfig", "ConsoleRefused", "check_startup", "create_app"]
 
@@ -39,7 +39,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
     app = Starlette(
         routes=views.routes(),
         middleware=[Middleware(Authenticate)],
-        exception_handlers={HTTPException: http_error, OperationError: operation_error},
+        exception_handlers={HTTPException: http_error, RabbitRetryError: operation_error},
         lifespan=lifespan,
     )
     app.state.config = config

@@ -27,6 +27,7 @@ from rabbitretry.console import security
 from rabbitretry.console.forms import key_value
 from rabbitretry.console.jobs import Jobs
 from rabbitretry.console.security import Auth, Session
+from rabbitretry.operations import OperationError
 from rabbitretry.settings import mask_url
 
 PUBLIC_PATHS = ("/login", "/static/")
@@ -178,5 +179,6 @@ async def http_error(request: Request, error: Exception) -> Response:
 
 
 async def operation_error(request: Request, error: Exception) -> Response:
-    """An operator's mistake (a bad rate, nothing selected): the page says what to fix."""
-    return render(request, "error.html", 400, message=str(error))
+    """An operator's mistake (400) or a service that cannot be reached (503), in one line."""
+    status = 400 if isinstance(error, OperationError) else 503
+    return render(request, "error.html", status, message=str(error))

@@ -126,3 +126,29 @@ async def test_mistakes_are_shown_not_raised(client: httpx.AsyncClient, pool: as
     assert bad_filter.status_code == 400 and "not a time" in bad_filter.text
     missing = await client.get("/message", params={"queue": "orders", "id": "nope"})
     assert missing.status_code == 404
+
+
+async def test_an_unreachable_broker_is_one_line(database_url: str, pool: asyncpg.Pool) -> None:
+    await insert_dead(pool, "orders", "k1", b'{"order": 1}')
+    app = create_app(
+        ConsoleConfig(
+            database_url=database_url,
+            amqp_url="amqp://guest:pw-7f3k@127.0.0.1:1/",
+            auth=Auth(token=TOKEN),
+        )
+    )
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE) as client,
+    ):
+        await log_in(client)
+        token = csrf_of((await client.get("/messages")).text)
+        response = await client.post(
+            "/actions/replay",
+            data={"csrf": token, "key": '["orders", "k1"]'},
+            headers={"origin": BASE},
+        )
+    assert response.status_code == 503
+    assert "cannot connect to RabbitMQ at amqp://guest:***@127.0.0.1:1/" in response.text
+    assert "pw-7f3k" not in response.text
+    assert await pool.fetchval("SELECT status FROM rabbitretry.ledger") == "dead"
