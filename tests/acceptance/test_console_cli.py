@@ -11,7 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import pytest
 
-from tests.acceptance.conftest import CLI, ROOT
+from tests.acceptance.cli_runner import CLI, ROOT
 from tests.integration.harness import wait_for
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]

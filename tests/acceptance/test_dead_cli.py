@@ -10,7 +10,12 @@ import asyncpg
 import pytest
 
 from rabbitretry import Consumer
-from tests.acceptance.conftest import Run
+from tests.acceptance.cli_runner import (  # noqa: F401 (fixtures, requested by name)
+    Run,
+    broker_cleanup_fixture,
+    cleanup_fixture,
+    rabbitretry_fixture,
+)
 from tests.integration.dead_harness import Switch, dead_letters, orders_consumer
 from tests.integration.harness import running_worker, status_of, wait_status
 
