@@ -6,7 +6,6 @@ Every command is a thin shell over :mod:`rabbitretry.operations`, which the cons
 from __future__ import annotations
 
 import getpass
-import json
 import socket
 import sys
 from pathlib import Path
@@ -14,12 +13,11 @@ from typing import Annotated, Any
 
 import typer
 from rich.progress import Progress
-from rich.table import Table
 
 from rabbitretry import amqp, db, ledger, operations
+from rabbitretry.cli import dead_output as output
 from rabbitretry.cli.common import (
     UserError,
-    age,
     load_consumer,
     out,
     parse_time,
@@ -126,45 +124,7 @@ async def list_(
         narrowed = any((queue, error, fingerprint, since, until, search))
         out.print(f"no {what} messages" + (" match these filters" if narrowed else ""))
         return
-    (_print_groups if group else _print_messages)(rows, what, limit)
-
-
-def _print_messages(rows: list[Record], what: str, limit: int) -> None:
-    table = Table(title=f"{len(rows)} {what} message(s)" + _limit_note(rows, limit))
-    for column in ("queue", "key", "status", "attempts", "error", "last error", "age"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(
-            row["queue"],
-            row["message_id"],
-            row["status"],
-            str(row["attempts"]),
-            row["error_type"] or row["reason"] or "",
-            _one_line(row["error_message"] or row["reason"] or "", 80),
-            age(row["changed_at"]),
-        )
-    out.print(table)
-
-
-def _print_groups(rows: list[Record], what: str, limit: int) -> None:
-    table = Table(title=f"{len(rows)} group(s) of {what} messages" + _limit_note(rows, limit))
-    for column in ("fingerprint", "queue", "messages", "error", "example", "first", "last"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(
-            row["fingerprint"] or "-",
-            row["queue"],
-            str(row["messages"]),
-            row["error_type"] or "",
-            _one_line(row["example_message"], 60),
-            age(row["first_seen"]) + " ago",
-            age(row["last_seen"]) + " ago",
-        )
-    out.print(table)
-
-
-def _limit_note(rows: list[Record], limit: int) -> str:
-    return " (limit reached)" if len(rows) == limit else ""
+    (output.print_groups if group else output.print_messages)(rows, what, limit)
 
 
 @app.command()
@@ -180,7 +140,7 @@ async def show(
         attempts, audit = await operations.history(pool, ledger.Key(row["queue"], key))
     finally:
         await pool.close()
-    _print_entry(row, attempts, audit)
+    output.print_entry(row, attempts, audit)
 
 
 @app.command()
@@ -256,7 +216,7 @@ async def replay(
             out.print("no dead letters match")
             return
         if dry_run:
-            _print_targets(targets)
+            output.print_targets(targets)
             out.print(f"dry run: {len(targets)} dead letter(s) would be replayed")
             return
         async with operations.publisher(config.amqp_url) as sender:
@@ -420,99 +380,3 @@ async def _dead_key(pool: Pool, key: str, queue: str | None) -> ledger.Key:
     if row["status"] != "dead":
         raise UserError(f"{row['queue']}/{key} is {row['status']}, not dead: nothing to replay")
     return ledger.Key(row["queue"], key)
-
-
-def _print_targets(keys: list[ledger.Key]) -> None:
-    table = Table()
-    for column in ("queue", "key"):
-        table.add_column(column)
-    for key in keys:
-        table.add_row(key.queue, key.message_id)
-    out.print(table)
-
-
-def _print_entry(row: Record, attempts: list[Record], audit: list[Record]) -> None:
-    budget = row["attempts"] - row["attempts_forgiven"]
-    summary = Table.grid(padding=(0, 2))
-    summary.add_column(style="bold")
-    summary.add_column()
-    fields: list[tuple[str, Any]] = [
-        ("queue", row["queue"]),
-        ("key", row["message_id"]),
-        ("status", row["status"] + (f" ({row['reason']})" if row["reason"] else "")),
-        (
-            "attempts",
-            f"{row['attempts']} ({budget} of {row['max_attempts']} in the current budget)",
-        ),
-        ("replays", row["replays"]),
-        ("first seen", f"{row['first_seen']:%Y-%m-%d %H:%M:%S %Z} ({age(row['first_seen'])} ago)"),
-        ("finished", f"{row['finished_at']:%Y-%m-%d %H:%M:%S %Z}" if row["finished_at"] else "-"),
-        (
-            "next retry",
-            f"{row['next_retry_at']:%Y-%m-%d %H:%M:%S %Z}" if row["next_retry_at"] else "-",
-        ),
-        (
-            "came from",
-            f"exchange {row['exchange'] or '(default)'!r}, routing key {row['routing_key']!r}",
-        ),
-        (
-            "error",
-            f"{row['error_type'] or ''}: {row['error_message'] or ''}"
-            if row["error_type"]
-            else "-",
-        ),
-        ("fingerprint", row["error_fingerprint"] or "-"),
-    ]
-    for name, value in fields:
-        summary.add_row(name, str(value))
-    out.print(summary)
-    out.print("\n[bold]payload[/bold]")
-    out.print(_pretty_payload(bytes(row["payload"])), markup=False, highlight=False)
-    headers = json.loads(row["headers"])
-    out.print("\n[bold]headers[/bold]")
-    out.print(json.dumps(headers, indent=2, sort_keys=True) if headers else "(none)", markup=False)
-    history = Table(title="attempts", title_justify="left")
-    for column in ("#", "started", "duration", "outcome", "error", "worker"):
-        history.add_column(column, overflow="fold")
-    for attempt in attempts:
-        duration = (
-            f"{(attempt['finished_at'] - attempt['started_at']).total_seconds() * 1000:.0f} ms"
-            if attempt["finished_at"]
-            else "-"
-        )
-        error = (
-            f"{attempt['error_type']}: {_one_line(attempt['error_message'] or '', 60)}"
-            if attempt["error_type"]
-            else ""
-        )
-        history.add_row(
-            str(attempt["attempt"]),
-            f"{attempt['started_at']:%H:%M:%S.%f}"[:-3],
-            duration,
-            attempt["outcome"] or "running",
-            error,
-            attempt["worker"],
-        )
-    out.print()
-    out.print(history if attempts else "no attempts (refused on arrival)")
-    if row["error_traceback"]:
-        out.print("\n[bold]last traceback[/bold]")
-        out.print(row["error_traceback"], markup=False, highlight=False)
-    if audit:
-        out.print("\n[bold]audit[/bold]")
-        for entry in audit:
-            note = f": {entry['comment']}" if entry["comment"] else ""
-            out.print(
-                f"{entry['at']:%Y-%m-%d %H:%M:%S} {entry['actor']} {entry['action']}{note}",
-                markup=False,
-            )
-
-
-def _pretty_payload(body: bytes) -> str:
-    text = operations.payload_text(body)
-    return text if len(text) <= 4000 else text[:4000] + f"… ({len(body)} bytes)"
-
-
-def _one_line(text: str, width: int) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= width else flat[: width - 1] + "…"
