@@ -81,8 +81,8 @@ async def logout(request: Request) -> Response:
 
 
 def _local(target: str | None) -> str:
-    """Only a path on this site (never //elsewhere): no open redirect after login."""
-    if target and target.startswith("/") and not target.startswith("//"):
+    """Only a path on this site (never //elsewhere or /\\elsewhere): no open redirect."""
+    if target and target.startswith("/") and not target.startswith(("//", "/\\")):
         return target
     return "/messages"
 

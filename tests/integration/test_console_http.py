@@ -47,6 +47,11 @@ async def test_pages_need_a_login(client: httpx.AsyncClient) -> None:
     wrong = await client.post("/login", data={"token": "nope"}, headers={"origin": BASE})
     assert wrong.status_code == 401 and "wrong credentials" in wrong.text
     assert (await client.get("/messages")).status_code == 303
+    for elsewhere in ("//evil.example/x", "/\\evil.example/x", "https://evil.example/"):
+        away = await client.post(
+            "/login", data={"token": TOKEN, "next": elsewhere}, headers={"origin": BASE}
+        )
+        assert away.headers["location"] == "/messages"
     await log_in(client)
     page = await client.get("/messages")
     assert page.status_code == 200 and "alice" in page.text
