@@ -1,4 +1,4 @@
-"""Dead letters: select them and replay them from the ledger snapshot.
+"""Dead letters: replay one from the ledger snapshot (selections: :mod:`rabbitretry.operations`).
 
 A replay publishes the stored message to its work queue (never to the exchange it first came
 through, which may fan out elsewhere) and gives it a fresh attempt budget, all under a row lock:
@@ -10,53 +10,12 @@ live copies.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from rabbitretry import ledger
 from rabbitretry.amqp import ConfirmingPublisher, without_broker_headers
 from rabbitretry.db import Pool, Record, query
 from rabbitretry.processing import ATTEMPTS_HEADER
-
-BATCH = 200
-
-
-@dataclass(frozen=True)
-class Selection:
-    """Which dead letters an operation applies to; every field narrows it."""
-
-    queue: str | None = None
-    message_id: str | None = None
-    error: str | None = None
-    before: datetime | None = None
-
-
-async def select(
-    pool: Pool, selection: Selection, *, limit: int | None = None
-) -> AsyncIterator[Record]:
-    """Matching dead letters in key order, fetched in batches."""
-    cursor = ("", "")
-    seen = 0
-    while True:
-        rows = await pool.fetch(
-            query("select_dead"),
-            selection.queue,
-            selection.message_id,
-            selection.error,
-            selection.before,
-            *cursor,
-            BATCH,
-        )
-        for row in rows:
-            if limit is not None and seen >= limit:
-                return
-            seen += 1
-            yield row
-        if len(rows) < BATCH:
-            return
-        cursor = (rows[-1]["queue"], rows[-1]["message_id"])
 
 
 async def replay_one(
