@@ -9,11 +9,11 @@ from typing import Any
 import asyncpg
 import pytest
 
-from rabbitretry import Consumer, operations
+from rabbitretry import Consumer, Context, RetryPolicy, operations
 from rabbitretry.ledger import Key
 from rabbitretry.operations import Filter, OperationError
-from tests.integration.dead_harness import Switch, dead_letters, orders_consumer
-from tests.integration.harness import wait_status
+from tests.integration.dead_harness import Order, Switch, dead_letters, orders_consumer
+from tests.integration.harness import publish, running_worker, wait_status
 
 pytestmark = pytest.mark.asyncio
 ACTOR = "test:operator"
@@ -198,3 +198,36 @@ async def test_export_jsonl(
     assert exported["junk"]["payload_base64"] == "/wBiaW5hcnk="
     (row,) = await audit_rows(pool)
     assert (row["action"], row["messages"], row["queue"]) == ("export", 2, queue_name)
+
+
+async def test_retrying_messages_are_listed_and_can_be_ignored(
+    amqp_url: str,
+    database_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+) -> None:
+    class Flaky(Consumer[Order]):
+        queue = queue_name
+        retry = RetryPolicy(max_attempts=5, initial_delay=8.0, max_delay=8.0, jitter=0.0)
+
+        async def handle(self, msg: Order, ctx: Context) -> None:
+            raise ConnectionError(f"payment service down for order {msg.order}")
+
+    cleanup.append(Flaky)
+    async with running_worker([Flaky], amqp_url, database_url):
+        await publish(amqp_url, queue_name, {"order": 5}, message_id="r-1")
+        await wait_status(pool, queue_name, "r-1", "retrying")
+        (row,) = await operations.list_messages(pool, Filter(statuses=("retrying",)))
+        assert (row["message_id"], row["error_type"]) == ("r-1", "ConnectionError")
+        assert row["next_retry_at"] is not None
+        assert not await operations.replay_targets(pool, queue=queue_name)  # not dead
+        assert await operations.ignore(
+            pool, Key(queue_name, "r-1"), actor=ACTOR, comment="order refunded by hand"
+        )
+    row = await pool.fetchrow(
+        "SELECT status, attempts, next_retry_at FROM rabbitretry.ledger WHERE message_id = 'r-1'"
+    )
+    assert (row["status"], row["attempts"], row["next_retry_at"]) == ("ignored", 1, None)
+    (entry,) = await audit_rows(pool)
+    assert json.loads(entry["detail"]) == {"status_before": "retrying"}
