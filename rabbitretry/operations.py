@@ -19,7 +19,7 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -352,18 +352,16 @@ async def wait_finished(
     *,
     timeout: float,
     interval: float = 0.2,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> str | None:
     """The status ``key`` finishes with (succeeded, dead, ...), or None after ``timeout``."""
-    deadline = clock() + timeout
+    deadline = time.monotonic() + timeout
     while True:
         row = await ledger.get(pool, key)
         if row is not None and row["status"] in FINISHED:
             return str(row["status"])
-        if clock() >= deadline:
+        if time.monotonic() >= deadline:
             return None
-        await sleep(interval)
+        await asyncio.sleep(interval)
 
 
 async def ignore(pool: Pool, key: ledger.Key, *, actor: str, comment: str) -> bool:

@@ -43,6 +43,16 @@ HEADERS = {
 }
 
 
+# What an action's redirect may announce: fixed texts, so a crafted link cannot put words
+# into the page.
+NOTICES = {
+    "retried": "Retried: the message is back on its work queue.",
+    "ignored": "Ignored: it will not be retried or replayed.",
+    "edited": "Payload saved; the message was edited and retried.",
+    "not-dead": "Nothing done: the message is no longer dead.",
+}
+
+
 @dataclass(frozen=True)
 class ConsoleConfig:
     database_url: str
@@ -98,7 +108,7 @@ def render(request: Request, template: str, status_code: int = 200, **context: A
         csrf=security.csrf_token(session, config.secret) if session else "",
         database=mask_url(config.database_url),
         broker=mask_url(config.amqp_url),
-        notice=request.query_params.get("notice", ""),
+        notice=NOTICES.get(request.query_params.get("notice", ""), ""),
         **context,
     )
     return HTMLResponse(html, status_code=status_code)

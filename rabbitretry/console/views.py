@@ -266,7 +266,7 @@ async def edit(request: Request) -> Response:
             )
     except OperationError as error:
         return await _message_page(request, key, error=str(error), draft=payload)
-    return _to_message(key, "edited and retried" if done else "not-dead")
+    return _to_message(key, "edited" if done else "not-dead")
 
 
 def _to_message(key: ledger.Key, notice: str) -> Response:

@@ -88,6 +88,9 @@ async def test_actions_need_the_csrf_token_and_our_origin(
     assert dict(row) == {"actor": "console:alice", "action": "ignore", "comment": "not needed"}
     shown = await client.get(done.headers["location"])
     assert "not needed" in shown.text and "console:alice" in shown.text
+    assert "Ignored: it will not be retried" in shown.text
+    crafted = await client.get("/messages", params={"notice": "Session expired: go to evil"})
+    assert "evil" not in crafted.text
 
 
 async def test_payloads_are_shown_inert(client: httpx.AsyncClient, pool: asyncpg.Pool) -> None:
