@@ -1,4 +1,4 @@
-"""The console's application: configuration, authentication, page rendering and routes.
+"""The console's plumbing: configuration, sessions, CSRF checks and page rendering.
 
 Every page needs a session (see :mod:`rabbitretry.console.security`); every POST also needs the
 session's CSRF token and the console's own origin. Pages are rendered by Jinja2 with
