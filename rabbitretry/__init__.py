@@ -18,6 +18,8 @@ from rabbitretry.errors import (
 )
 from rabbitretry.outbox import Outbox, OutboxRelay
 from rabbitretry.publisher import Publisher
+from rabbitretry.reconciler import Reconciler
+from rabbitretry.reconciliation import Expected, Reconciliation
 from rabbitretry.retry import RetryPolicy
 from rabbitretry.topology.model import Binding, Exchange, Topology, WorkQueue
 from rabbitretry.worker import Worker
@@ -29,12 +31,15 @@ __all__ = [
     "Consumer",
     "Context",
     "Exchange",
+    "Expected",
     "Outbox",
     "OutboxRelay",
     "Permanent",
     "PublishError",
     "Publisher",
     "RabbitRetryError",
+    "Reconciler",
+    "Reconciliation",
     "Retry",
     "RetryPolicy",
     "ServiceUnavailable",

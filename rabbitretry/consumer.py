@@ -91,6 +91,11 @@ class Consumer(Generic[Payload]):
     ``lease``            seconds a claim holds without renewal: a dead worker's message is
                          taken up again this long after it died (renewed every lease / 3)
     ``max_body_bytes``   larger bodies are dead-lettered unread, reason ``too-large``
+    ``expires_after``    seconds after publication (or first delivery) when a message is no
+                         longer worth handling: it is finished ``skipped``, reason ``expired``
+                         (None: never)
+
+    Override :meth:`should_skip` to skip messages by a business rule.
     """
 
     queue: ClassVar[str]
@@ -101,6 +106,7 @@ class Consumer(Generic[Payload]):
     timeout: ClassVar[float] = 60.0
     lease: ClassVar[float] = 15.0
     max_body_bytes: ClassVar[int] = 1024 * 1024
+    expires_after: ClassVar[float | None] = None
 
     payload_adapter: ClassVar[TypeAdapter[Any]]
 
@@ -118,6 +124,14 @@ class Consumer(Generic[Payload]):
 
     async def teardown(self) -> None:
         """Called once at shutdown. Optional."""
+
+    async def should_skip(self, msg: Payload, ctx: Context) -> str | None:
+        """A reason to skip this message instead of handling it (None: handle it). Optional.
+
+        Called before every attempt, after validation. A skipped message is finished with
+        status ``skipped`` and the reason; :meth:`handle` is never called for it.
+        """
+        return None
 
     async def handle(self, msg: Payload, ctx: Context) -> None:
         raise NotImplementedError(f"{type(self).__name__}.handle() is not written")
@@ -168,6 +182,8 @@ def _check(cls: type[Consumer[Any]]) -> None:
             f"{name}.timeout must be between 0 and {MAX_ATTEMPT_TIMEOUT} s, below RabbitMQ's "
             "consumer_timeout (30 min by default)"
         )
+    if cls.expires_after is not None and cls.expires_after <= 0:
+        raise ConfigurationError(f"{name}.expires_after must be a positive number of seconds")
     if cls.lease < 1:
         raise ConfigurationError(f"{name}.lease must be at least 1 second")
     if cls.handle is Consumer.handle:

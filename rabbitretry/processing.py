@@ -12,13 +12,15 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import pydantic
 
-from rabbitretry import ledger, naming
+from rabbitretry import ledger, naming, validity
 from rabbitretry.amqp import (
     CHANNEL_ERRORS,
     ConfirmingPublisher,
@@ -44,8 +46,11 @@ class Outcome:
     """What became of one delivery, for logs, metrics and tests."""
 
     key: Key | None
-    result: str  # succeeded, retrying, dead, dropped, parked, interrupted, requeued
+    result: str  # succeeded, retrying, dead, skipped, dropped, parked, interrupted, requeued
     attempt: int = 0
+    handler_seconds: float | None = None  # None when the handler did not run
+    published_at: datetime | None = None  # the message's timestamp property, when set
+    received_at: datetime | None = None  # when this delivery reached the worker
 
 
 class Processor:
@@ -69,6 +74,7 @@ class Processor:
         self.policy = type(consumer).retry
 
     async def process(self, message: IncomingMessage) -> Outcome:
+        received_at = datetime.now(UTC)
         try:
             outcome = await self._process(message)
         except asyncio.CancelledError:
@@ -81,7 +87,7 @@ class Processor:
             log.error("%s: %s; message requeued, the ledger keeps its state", self.queue, error)
             return await self._requeue(message)
         await _settle(message, requeue=False)
-        return outcome
+        return replace(outcome, published_at=message.timestamp, received_at=received_at)
 
     async def _requeue(self, message: IncomingMessage) -> Outcome:
         await asyncio.sleep(REQUEUE_PAUSE)
@@ -152,6 +158,16 @@ class Processor:
             headers=dict(message.headers or {}),
             x_death=_x_death(message),
         )
+        born = await self._born(message, key)
+        try:
+            skip = await validity.skip_reason(self.consumer, payload, ctx, born, datetime.now(UTC))
+        except Exception as error:
+            return await self._failed(key, claim, error, snapshot)
+        if skip is not None:
+            log.info("%s: skipped (%s), the handler is not called", key, skip)
+            await ledger.finish(self.pool, key, claim.attempt, "skipped", reason=skip)
+            return Outcome(key, "skipped", claim.attempt)
+        started = time.monotonic()
         try:
             async with self._lease_kept(key, claim.attempt):
                 effects = await self._run_handler(payload, ctx)
@@ -160,7 +176,10 @@ class Processor:
             log.warning("%s: attempt %d interrupted by shutdown, requeued", key, claim.attempt)
             raise
         except Exception as error:
-            return await self._failed(key, claim, error, snapshot)
+            handler_seconds = time.monotonic() - started
+            outcome = await self._failed(key, claim, error, snapshot)
+            return replace(outcome, handler_seconds=handler_seconds)
+        handler_seconds = time.monotonic() - started
 
         async def mark_succeeded(conn: Connection | Pool) -> bool:
             return await ledger.finish(conn, key, claim.attempt, "succeeded")
@@ -178,7 +197,14 @@ class Processor:
                 "; its transaction was rolled back" if effects.open else "",
             )
             return Outcome(key, "dropped", claim.attempt)
-        return Outcome(key, "succeeded", claim.attempt)
+        return Outcome(key, "succeeded", claim.attempt, handler_seconds)
+
+    async def _born(self, message: IncomingMessage, key: Key) -> datetime | None:
+        """When the message was published, else first seen; only looked up if it can expire."""
+        if type(self.consumer).expires_after is None or message.timestamp is not None:
+            return message.timestamp
+        row = await ledger.get(self.pool, key)
+        return row["first_seen"] if row else None
 
     async def _run_handler(self, payload: Any, ctx: Context) -> AttemptTransaction:
         """Run the handler (with in-process retries); the transaction of the try that worked."""

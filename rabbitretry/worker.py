@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +60,8 @@ class Worker:
     """True once every consumer is consuming."""
     _stopping: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _inflight: set[asyncio.Task[Any]] = field(default_factory=set, init=False)
+    on_outcome: Callable[[str, Outcome], Awaitable[None]] | None = None
+    """Called with the queue and outcome of every delivery (metrics); must not raise."""
     outcomes: list[Outcome] = field(default_factory=list, init=False)
     """Every delivery's outcome, most recent last (bounded), for tests and the demo."""
 
@@ -152,8 +154,11 @@ class Worker:
 
         async def attempt(message: IncomingMessage) -> None:
             try:
-                self.outcomes.append(await processor.process(message))
+                outcome = await processor.process(message)
+                self.outcomes.append(outcome)
                 del self.outcomes[:-10_000]
+                if self.on_outcome is not None:
+                    await self.on_outcome(processor.queue, outcome)
             except Exception:
                 log.exception("unexpected error processing a delivery; the broker redelivers it")
 

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import typer
 
-from rabbitretry.cli import console, dead, ledger, migrate, outbox, run, topology
+from rabbitretry.cli import (
+    alerts,
+    console,
+    dead,
+    jobs,
+    ledger,
+    migrate,
+    outbox,
+    reconcile,
+    run,
+    status,
+    topology,
+)
 
 app = typer.Typer(
     name="rabbitretry",
@@ -25,6 +37,10 @@ app.command("run")(run.run)
 app.add_typer(dead.app, name="dead")
 app.add_typer(ledger.app, name="ledger")
 app.add_typer(outbox.app, name="outbox")
+app.command("reconcile")(reconcile.reconcile)
+app.add_typer(jobs.app, name="job")
+app.add_typer(alerts.app, name="alerts")
+app.command("status")(status.status)
 app.command("console")(console.console)
 
 

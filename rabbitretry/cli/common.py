@@ -74,11 +74,13 @@ def run_async(function: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
     return wrapper
 
 
-def load_consumer(target: str) -> type[Consumer[Any]]:
-    """``package.module:ClassName`` → the Consumer subclass it names."""
+def load_attribute(
+    target: str, shape: str = "MODULE:CLASS (for example examples.points:AwardPoints)"
+) -> Any:
+    """``package.module:NAME`` → the object it names (a class, a job, a reconciliation)."""
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
-        raise UserError(f"{target!r} is not MODULE:CLASS (for example examples.points:AwardPoints)")
+        raise UserError(f"{target!r} is not {shape}")
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:
@@ -88,9 +90,15 @@ def load_consumer(target: str) -> type[Consumer[Any]]:
             f"cannot import module {module_name!r} ({error}); run from the directory that "
             "contains it, or install it"
         ) from error
-    consumer = getattr(module, attribute, None)
-    if consumer is None:
+    found = getattr(module, attribute, None)
+    if found is None:
         raise UserError(f"module {module_name!r} has no attribute {attribute!r}")
+    return found
+
+
+def load_consumer(target: str) -> type[Consumer[Any]]:
+    """``package.module:ClassName`` → the Consumer subclass it names."""
+    consumer = load_attribute(target)
     if not (isinstance(consumer, type) and issubclass(consumer, Consumer)):
         raise UserError(f"{target} is not a Consumer subclass")
     return consumer
@@ -116,11 +124,18 @@ _DURATION = re.compile(r"^(\d+)\s*([smhdw])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
 
+def parse_duration(text: str) -> timedelta:
+    """``30s``, ``15m``, ``2h``, ``7d``, ``1w``."""
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise UserError(f"{text!r} is not a duration such as 30m, 12h, 7d or 2w")
+    return timedelta(**{_UNITS[match[2]]: int(match[1])})
+
+
 def parse_time(text: str) -> datetime:
     """``30m``, ``2h``, ``7d`` (that long ago) or an ISO timestamp (UTC if no zone is given)."""
-    match = _DURATION.match(text.strip())
-    if match:
-        return datetime.now(UTC) - timedelta(**{_UNITS[match[2]]: int(match[1])})
+    if _DURATION.match(text.strip()):
+        return datetime.now(UTC) - parse_duration(text)
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:

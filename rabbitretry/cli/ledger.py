@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from typing import Annotated
+
 import typer
 from rich.table import Table
 
-from rabbitretry import db
-from rabbitretry.cli.common import age, out, run_async, settings
+from rabbitretry import db, retention
+from rabbitretry.cli.common import UserError, age, out, parse_duration, run_async, settings
 from rabbitretry.db import query
 
 app = typer.Typer(help="Inspect the ledger.", no_args_is_help=True)
@@ -36,3 +39,48 @@ async def stats() -> None:
             age(row["oldest"]),
         )
     out.print(table)
+
+
+@app.command()
+@run_async
+async def prune(
+    older_than: Annotated[
+        str,
+        typer.Option(
+            "--older-than",
+            help="Remove what finished longer ago than this: 30d, 12h, 2w (at least 1d).",
+        ),
+    ] = "30d",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Count what would be removed; remove nothing.")
+    ] = False,
+) -> None:
+    """Remove finished messages (succeeded, skipped, ignored), sent outbox rows and sent alerts.
+
+    Dead letters and messages in flight are never removed. A duplicate of a pruned message
+    would run again, so keep the window longer than any redelivery or replay you expect.
+    """
+    window = parse_duration(older_than)
+    try:
+        retention.check_window(window)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    before = datetime.now(UTC) - window
+    pool = await db.create_pool(settings().database_url, min_size=1, max_size=1)
+    try:
+        if dry_run:
+            found = await retention.prunable(pool, before)
+            out.print(
+                f"dry run: would remove {found.ledger} ledger row(s), {found.outbox} sent "
+                f"outbox row(s) and {found.alerts} sent alert(s) from before "
+                f"{before:%Y-%m-%d %H:%M %Z}"
+            )
+            return
+        pruned = await retention.prune(pool, before)
+    finally:
+        await pool.close()
+    out.print(
+        f"removed {pruned.ledger} ledger row(s), {pruned.outbox} sent outbox row(s) and "
+        f"{pruned.alerts} sent alert(s) from before {before:%Y-%m-%d %H:%M %Z}; "
+        "dead letters are kept"
+    )

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated
 
 import typer
 
 from rabbitretry.cli.common import configure_logging, load_consumer, run_async, settings
+from rabbitretry.metrics import worker_endpoint
 from rabbitretry.worker import Worker
 
 
@@ -35,6 +37,10 @@ async def run(
         ),
     ] = 30.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every delivery.")] = False,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(min=0, max=65535, help="Serve Prometheus metrics on this port (/metrics)."),
+    ] = None,
 ) -> None:
     """Consume messages until SIGTERM or Ctrl-C.
 
@@ -51,4 +57,8 @@ async def run(
         shutdown_timeout=shutdown_timeout,
         declare_topology=declare,
     )
-    await worker.run(install_signal_handlers=True)
+    async with contextlib.AsyncExitStack() as stack:
+        if metrics_port is not None:
+            endpoint = worker_endpoint(config.database_url, metrics_port)
+            worker.on_outcome = (await stack.enter_async_context(endpoint)).observe
+        await worker.run(install_signal_handlers=True)

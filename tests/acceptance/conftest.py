@@ -1,0 +1,33 @@
+"""The CLI as a user runs it: a subprocess with the services' URLs in its environment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def cli(amqp_url: str, database_url: str) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run ``rabbitretry ARGS`` against this test's database; the finished process."""
+
+    def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ,
+            "RABBITRETRY_AMQP_URL": amqp_url,
+            "RABBITRETRY_DATABASE_URL": database_url,
+            "COLUMNS": "200",
+        }
+        return subprocess.run(
+            [str(Path(sys.executable).parent / "rabbitretry"), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    return run

@@ -1,0 +1,46 @@
+"""``rabbitretry ledger``: stats and prune, run as a user would."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+
+import asyncpg
+
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+
+async def test_prune_dry_run_then_prune(cli: Cli, pool: asyncpg.Pool) -> None:
+    await pool.execute(
+        "INSERT INTO rabbitretry.ledger (queue, message_id, status, max_attempts, finished_at,"
+        " payload) VALUES ('q', 'old', 'succeeded', 3, now() - interval '40 days', '{}'),"
+        " ('q', 'dead', 'dead', 3, now() - interval '40 days', '{}')"
+    )
+    dry = cli("ledger", "prune", "--older-than", "30d", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "would remove 1 ledger row(s)" in dry.stdout
+    assert await pool.fetchval("SELECT count(*) FROM rabbitretry.ledger") == 2
+
+    done = cli("ledger", "prune", "--older-than", "30d")
+    assert done.returncode == 0, done.stderr
+    assert "removed 1 ledger row(s)" in done.stdout
+    assert await pool.fetchval("SELECT message_id FROM rabbitretry.ledger") == "dead"
+
+
+def test_prune_refuses_a_short_window_in_one_line(cli: Cli) -> None:
+    result = cli("ledger", "prune", "--older-than", "2h")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "under 1 day" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_prune_explains_a_malformed_window(cli: Cli) -> None:
+    result = cli("ledger", "prune", "--older-than", "soon")
+    assert result.returncode == 2
+    assert "not a duration" in result.stderr
+
+
+def test_stats_counts_per_queue_and_status(cli: Cli) -> None:
+    result = cli("ledger", "stats")
+    assert result.returncode == 0, result.stderr
+    assert "the ledger is empty" in result.stdout

@@ -1,0 +1,84 @@
+"""Retention against the real database: old finished rows go, dead and live rows stay."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+
+from rabbitretry import retention
+
+DAY = timedelta(days=1)
+
+
+async def add_row(pool: asyncpg.Pool, key: str, status: str, finished_ago: timedelta) -> None:
+    finished = datetime.now(UTC) - finished_ago
+    await pool.execute(
+        """
+        INSERT INTO rabbitretry.ledger (queue, message_id, status, attempts, max_attempts,
+                                        next_retry_at, lease_until, finished_at, payload)
+        VALUES ('q', $1, $2, 1, 3,
+                CASE WHEN $2 = 'retrying' THEN now() END,
+                CASE WHEN $2 = 'processing' THEN now() END,
+                CASE WHEN $2 NOT IN ('retrying', 'processing') THEN $3::timestamptz END, '{}')
+        """,
+        key,
+        status,
+        finished,
+    )
+    await pool.execute(
+        "INSERT INTO rabbitretry.attempt (queue, message_id, attempt, worker)"
+        " VALUES ('q', $1, 1, 'w')",
+        key,
+    )
+
+
+async def keys(pool: asyncpg.Pool) -> set[str]:
+    return {r["message_id"] for r in await pool.fetch("SELECT message_id FROM rabbitretry.ledger")}
+
+
+async def test_prune_removes_only_old_finished_rows(pool: asyncpg.Pool) -> None:
+    for status in ("succeeded", "skipped", "ignored", "dead"):
+        await add_row(pool, f"old-{status}", status, 40 * DAY)
+        await add_row(pool, f"new-{status}", status, DAY)
+    await add_row(pool, "live-retrying", "retrying", 40 * DAY)
+    await add_row(pool, "live-processing", "processing", 40 * DAY)
+    await pool.execute(
+        "INSERT INTO rabbitretry.outbox (exchange, routing_key, message_id, payload, status,"
+        " sent_at)"
+        " VALUES ('x', '', 'sent-old', '{}', 'sent', now() - interval '40 days'),"
+        "        ('x', '', 'sent-new', '{}', 'sent', now()),"
+        "        ('x', '', 'pending-old', '{}', 'pending', NULL)"
+    )
+    before = datetime.now(UTC) - 30 * DAY
+
+    assert await retention.prunable(pool, before) == retention.Pruned(ledger=3, outbox=1, alerts=0)
+    assert await retention.prune(pool, before, batch=2) == retention.Pruned(
+        ledger=3, outbox=1, alerts=0
+    )
+
+    assert await keys(pool) == {
+        "old-dead",
+        "new-succeeded",
+        "new-skipped",
+        "new-ignored",
+        "new-dead",
+        "live-retrying",
+        "live-processing",
+    }
+    orphans = await pool.fetchval(
+        "SELECT count(*) FROM rabbitretry.attempt a WHERE NOT EXISTS (SELECT 1 FROM "
+        "rabbitretry.ledger l WHERE l.queue = a.queue AND l.message_id = a.message_id)"
+    )
+    assert orphans == 0
+    outbox = {
+        r["message_id"] for r in await pool.fetch("SELECT message_id FROM rabbitretry.outbox")
+    }
+    assert outbox == {"sent-new", "pending-old"}
+
+
+def test_a_window_under_a_day_is_refused() -> None:
+    with pytest.raises(ValueError, match="deduplicates only the keys it remembers"):
+        retention.check_window(timedelta(hours=23))
+    retention.check_window(DAY)
