@@ -13,7 +13,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from rabbitretry import ledger, operations
+from rabbitretry import ledger, metrics, operations
 from rabbitretry.console import forms, security
 from rabbitretry.console.app import (
     actor_of,
@@ -278,6 +278,12 @@ def _params(request: Request) -> dict[str, str]:
     return {name: request.query_params.get(name, "") for name in forms.FILTER_FIELDS}
 
 
+async def prometheus(request: Request) -> Response:
+    """The ledger gauges for Prometheus, behind the login: scrape with a bearer token."""
+    body = await metrics.render_ledger_metrics(pool_of(request))
+    return Response(body, media_type=metrics.CONTENT_TYPE)
+
+
 def routes() -> list[Route | Mount]:
     return [
         Route("/", home),
@@ -289,6 +295,7 @@ def routes() -> list[Route | Mount]:
         Route("/message", message),
         Route("/audit", audit),
         Route("/jobs/{job_id}", job),
+        Route("/metrics", prometheus),
         Route("/actions/replay", replay, methods=["POST"]),
         Route("/actions/replay-group", replay_group, methods=["POST"]),
         Route("/actions/ignore", ignore, methods=["POST"]),

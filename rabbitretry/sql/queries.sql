@@ -111,10 +111,6 @@ SET status = 'retrying', next_retry_at = now(), retry_copy_confirmed = true,
     updated_at = now()
 WHERE queue = $1 AND message_id = $2 AND status = 'dead';
 
--- name: add_audit
-INSERT INTO rabbitretry.audit (actor, action, queue, message_id, detail)
-VALUES ($1, $2, $3, $4, $5);
-
 -- name: ledger_stats
 SELECT queue, status, count(*) AS messages, sum(attempts) AS attempts,
        min(first_seen) AS oldest

@@ -160,3 +160,15 @@ async def test_an_unreachable_broker_is_one_line(database_url: str, pool: asyncp
     assert "cannot connect to RabbitMQ at amqp://guest:***@127.0.0.1:1/" in response.text
     assert "pw-7f3k" not in response.text
     assert await pool.fetchval("SELECT status FROM rabbitretry.ledger") == "dead"
+
+
+async def test_metrics_are_served_to_a_bearer_of_the_token(
+    client: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    await insert_dead(pool, "orders", "k1", b"{}")
+    assert (await client.get("/metrics")).status_code == 303
+    scraped = await client.get("/metrics", headers={"authorization": f"Bearer {TOKEN}"})
+    assert scraped.status_code == 200
+    assert scraped.headers["content-type"].startswith("text/plain")
+    assert "rabbitretry_ledger_up 1.0" in scraped.text
+    assert 'rabbitretry_ledger_messages{queue="orders",status="dead"} 1.0' in scraped.text
