@@ -65,7 +65,10 @@ class Context:
         roll back and the attempt is retried.
         """
         if self.effects is None:
-            raise RuntimeError("this Context has no database: it was not made by a worker")
+            raise RuntimeError(
+                "this Context has no database: it was not made by a worker "
+                "(in a unit test, use rabbitretry.testing.handle(..., connection=...))"
+            )
         return self.effects.scope()
 
     @property
