@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import random
 import signal
@@ -95,6 +96,9 @@ async def main_async(config: DrillConfig) -> DrillResult:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The publisher's reconnects while the broker is away are expected: keep them quiet.
+    for name in ("aio_pika", "aiormq"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     config = config_from(parse_args(sys.argv[1:] if argv is None else argv))
     print(f"drill: seed {config.seed} (replay with --seed {config.seed})", flush=True)
     try:

@@ -103,10 +103,13 @@ def fault_schedule(
 ) -> list[ScheduledFault]:
     """The faults in a seeded order at seeded times while messages are still being published.
 
-    Times fall in the middle 10%-85% of the publishing window, so that every fault meets
-    traffic, and are at least a short gap apart so that each one's recovery starts in turn.
+    Times fall within 10%-85% of the publishing window, so that every fault meets traffic,
+    one fault at a random time in each of as many equal slots, so that they do not bunch up.
     """
     order = rng.sample(list(faults), len(faults))
     start, end = 0.10 * publish_seconds, 0.85 * publish_seconds
-    times = sorted(rng.uniform(start, end) for _ in order)
-    return [ScheduledFault(round(at, 1), fault) for at, fault in zip(times, order, strict=True)]
+    slot = (end - start) / max(1, len(order))
+    return [
+        ScheduledFault(round(start + (i + rng.random()) * slot, 1), fault)
+        for i, fault in enumerate(order)
+    ]
