@@ -46,7 +46,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="skip rabbitmqctl stop_app/start_app (no rights on the broker, or not alone on it)",
     )
     parser.add_argument(
-        "--keep", action="store_true", help="keep the worker log even when the drill passes"
+        "--keep",
+        action="store_true",
+        help="keep the scratch database and the worker log even when the drill passes",
     )
     args = parser.parse_args(argv)
     if args.messages < 100:
@@ -83,7 +85,10 @@ def report(result: DrillResult) -> None:
     for line in result.verdict.explain():
         print(line)
     if not result.verdict.ok:
-        print(f"drill: FAILED (seed {result.plan.seed}); worker log kept at {result.worker_log}")
+        print(
+            f"drill: FAILED (seed {result.plan.seed}); kept for a post-mortem: the worker log "
+            f"{result.worker_log} and the database {result.database}"
+        )
     print(result.summary())
 
 

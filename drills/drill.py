@@ -2,7 +2,8 @@
 
 Everything the drill creates (a scratch database, a random queue with its delay and dead
 queues, two proxies, the worker process) is removed in a ``finally``, and every fault is undone
-there too, whether the drill passed, failed, or was interrupted with Ctrl-C.
+there too, whether the drill passed, failed, or was interrupted with Ctrl-C. A failed drill
+(or ``keep``) leaves the scratch database and the worker log behind for a post-mortem.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class DrillResult:
     recovered_seconds: float
     total_seconds: float
     worker_log: Path
+    database: str
 
     def summary(self) -> str:
         v = self.verdict
@@ -101,10 +103,10 @@ async def run_drill(config: DrillConfig, say: Callable[[str], None] = print) -> 
         f"crashers) on queue {queue}, database {scratch}, worker log {logs / 'worker.log'}"
     )
     clock.say("faults: " + ", ".join(f"{f.fault} at {f.at:.0f} s" for f in plan.faults))
-    passed = False
+    keep = Keep(config.keep)
     try:
         async with (
-            scratch_database(config.database_url, scratch) as database_url,
+            scratch_database(config.database_url, scratch, keep) as database_url,
             drill_queue(config.amqp_url, queue),
             proxied(config.amqp_url) as broker_proxy,
             proxied(database_url) as database_proxy,
@@ -146,11 +148,12 @@ async def run_drill(config: DrillConfig, say: Callable[[str], None] = print) -> 
                 recovered,
                 clock.now(),
                 logs / "worker.log",
+                scratch,
             )
-            passed = result.verdict.ok
+            keep.wanted = keep.wanted or not result.verdict.ok
             return result
     finally:
-        if passed and not config.keep:
+        if not keep.wanted:
             shutil.rmtree(logs, ignore_errors=True)
 
 
@@ -247,9 +250,16 @@ async def _send(channel: aio_pika.abc.AbstractChannel, queue: str, message: Mess
     )
 
 
+@dataclass
+class Keep:
+    """Whether to leave the scratch database and the worker log behind."""
+
+    wanted: bool
+
+
 @contextlib.asynccontextmanager
-async def scratch_database(server_url: str, name: str) -> AsyncIterator[str]:
-    """A new database, migrated, with the effects table; dropped on the way out."""
+async def scratch_database(server_url: str, name: str, keep: Keep) -> AsyncIterator[str]:
+    """A new database, migrated, with the effects table; dropped on the way out unless kept."""
     admin = await asyncpg.connect(server_url)
     try:
         await admin.execute(f"CREATE DATABASE {name}")
@@ -265,11 +275,12 @@ async def scratch_database(server_url: str, name: str) -> AsyncIterator[str]:
             await conn.close()
         yield url
     finally:
-        admin = await asyncpg.connect(server_url)
-        try:
-            await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        finally:
-            await admin.close()
+        if not keep.wanted:
+            admin = await asyncpg.connect(server_url)
+            try:
+                await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            finally:
+                await admin.close()
 
 
 @contextlib.asynccontextmanager
