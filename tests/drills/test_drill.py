@@ -1,7 +1,9 @@
 """The short fault drill: 1,000 messages through SIGKILLs, cut connections and a broker restart.
 
 The full drill is ``make drill`` (5,000 messages). Set ``RABBITRETRY_DRILL_SEED`` to replay a
-failed run; the seed is printed either way (pytest shows it with the failure).
+failed run; the seed is printed either way (pytest shows it with the failure). The broker
+restart disconnects everyone on the broker: ``RABBITRETRY_DRILL_BROKER_RESTART=0`` skips it
+when others share the broker.
 """
 
 from __future__ import annotations
@@ -27,7 +29,11 @@ async def test_short_drill_loses_nothing_and_duplicates_nothing(
 ) -> None:
     seed = int(os.environ.get("RABBITRETRY_DRILL_SEED") or random.randrange(1_000_000))
     # stop_app needs rabbitmqctl on the broker's machine; a broker in a container is not ours.
-    restart = shutil.which("rabbitmqctl") is not None and _broker_is_local(amqp_url)
+    restart = (
+        os.environ.get("RABBITRETRY_DRILL_BROKER_RESTART") != "0"
+        and shutil.which("rabbitmqctl") is not None
+        and _broker_is_local(amqp_url)
+    )
     config = DrillConfig(
         amqp_url=amqp_url,
         database_url=server_database_url,
