@@ -76,12 +76,7 @@ def default_publish_seconds(messages: int) -> float:
 
 
 def report(result: DrillResult) -> None:
-    exits = ", ".join(f"{n}x exit {code}" for code, n in sorted(result.worker_exits.items()))
-    print(
-        f"drill: seed {result.plan.seed}; {result.verdict.attempts} attempts; worker exits: "
-        f"{exits or 'none'}; {result.republished} publishes sent again; "
-        f"{result.total_seconds:.0f} s in all"
-    )
+    print(result.details())
     for line in result.verdict.explain():
         print(line)
     if not result.verdict.ok:

@@ -63,6 +63,14 @@ class DrillResult:
     worker_log: Path
     database: str
 
+    def details(self) -> str:
+        exits = ", ".join(f"{n}x exit {code}" for code, n in sorted(self.worker_exits.items()))
+        return (
+            f"drill: seed {self.plan.seed}; {self.verdict.attempts} attempts; worker exits: "
+            f"{exits or 'none'}; {self.republished} publishes sent again; "
+            f"{self.total_seconds:.0f} s in all"
+        )
+
     def summary(self) -> str:
         v = self.verdict
         return (

@@ -45,10 +45,13 @@ async def test_short_drill_loses_nothing_and_duplicates_nothing(
     )
     print(f"drill seed {seed} (replay with RABBITRETRY_DRILL_SEED={seed})")
     result = await run_drill(config)
+    print(result.details())
     print(result.summary())
 
     verdict = result.verdict
-    assert verdict.ok, "\n".join([f"seed {seed}", *verdict.explain()])
+    assert verdict.ok, "\n".join(
+        [f"seed {seed}; kept: {result.worker_log}, database {result.database}", *verdict.explain()]
+    )
     plan = result.plan
     assert verdict.succeeded == len(plan.messages) - verdict.dead
     assert verdict.dead == len(plan.of_kind("poison")) + len(plan.of_kind("crasher"))
