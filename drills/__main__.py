@@ -38,7 +38,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--settle-timeout",
         type=float,
         default=300.0,
-        help="seconds to wait, after the last fault, for every message to finish (default 300)",
+        help="seconds to wait, once all is published, for every message to finish (default 300)",
     )
     parser.add_argument(
         "--no-broker-restart",
