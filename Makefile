@@ -3,13 +3,14 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: help venv demo demo-shop test test-unit lint services clean
+.PHONY: help venv demo demo-shop test test-unit lint services clean drill
 
 help:
 	@echo "make demo      run the demo against the local RabbitMQ and PostgreSQL"
 	@echo "make demo-shop the outbox and exactly-once points"
 	@echo "make test      the whole test suite (unit, integration, acceptance, drills)"
 	@echo "make test-unit only the tests that need no services"
+	@echo "make drill     the full fault drill (restarts RabbitMQ's application; DRILL_ARGS=--help)"
 	@echo "make lint      ruff and mypy --strict"
 	@echo "make services  start RabbitMQ and PostgreSQL with Docker (docker-compose.yml)"
 
@@ -33,9 +34,12 @@ test: venv
 test-unit: venv
 	$(BIN)/python -m pytest tests/unit
 
+drill: venv
+	$(BIN)/python -m drills $(DRILL_ARGS)
+
 lint: venv
-	$(BIN)/ruff check rabbitretry tests examples
-	$(BIN)/ruff format --check rabbitretry tests examples
+	$(BIN)/ruff check rabbitretry tests examples drills
+	$(BIN)/ruff format --check rabbitretry tests examples drills
 	$(BIN)/mypy
 
 services:
