@@ -30,12 +30,17 @@ from drills.plan import Message, Plan, make_plan
 from drills.supervisor import Supervisor
 from drills.verify import Verdict, unfinished, verify
 from rabbitretry import amqp, db
+from rabbitretry.reconciler import Reconciler
 from rabbitretry.topology import Topology, declare
 from tests.proxy import Proxy
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSUMER = "drills.consumer:DrillConsumer"
 REPUBLISH_PAUSE = 0.5  # seconds between attempts to publish while the broker is away
+# A reconciler runs beside the worker, as in production: it re-drives copies the broker lost
+# entirely (a classic queue's dead-lettering is at-most-once across a broker restart).
+RECONCILE_EVERY = 5.0
+RECONCILE_GRACE = 15.0
 
 
 @dataclass(frozen=True)
@@ -174,6 +179,31 @@ async def _exercise(
     clock: Clock,
 ) -> tuple[Verdict, int, float]:
     """Publish and inject the faults, wait for the work to settle; (verdict, re-sends, recovery)."""
+    async with _reconciling(config.amqp_url, database_url):
+        return await _publish_and_settle(config, plan, queue, database_url, faults, clock)
+
+
+@contextlib.asynccontextmanager
+async def _reconciling(amqp_url: str, database_url: str) -> AsyncIterator[None]:
+    pool = await db.create_pool(database_url, min_size=1, max_size=2)
+    reconciler = Reconciler(pool, amqp_url, grace=RECONCILE_GRACE)
+    running = asyncio.create_task(reconciler.run(RECONCILE_EVERY))
+    try:
+        yield
+    finally:
+        reconciler.stop()
+        await asyncio.wait_for(running, 30)
+        await pool.close()
+
+
+async def _publish_and_settle(
+    config: DrillConfig,
+    plan: Plan,
+    queue: str,
+    database_url: str,
+    faults: Faults,
+    clock: Clock,
+) -> tuple[Verdict, int, float]:
     publisher = asyncio.create_task(_publish(config.amqp_url, queue, plan, clock))
     try:
         for scheduled in plan.faults:
@@ -199,6 +229,10 @@ async def _exercise(
             if not left
             else f"{left} message(s) still unfinished after {config.settle_timeout:.0f} s"
         )
+        redriven = await conn.fetchval(
+            "SELECT coalesce(sum(redrives), 0) FROM rabbitretry.ledger WHERE queue = $1", queue
+        )
+        clock.say(f"the reconciler re-drove {redriven} message(s) the broker had lost")
         verdict = await verify(conn, queue, plan.messages)
     finally:
         await conn.close()
