@@ -1,4 +1,4 @@
-"""Dead letters: select them and replay them from the ledger snapshot.
+"""Dead letters: replay one from the ledger snapshot (selections: :mod:`rabbitretry.operations`).
 
 A replay publishes the stored message to its work queue (never to the exchange it first came
 through, which may fan out elsewhere) and gives it a fresh attempt budget, all under a row lock:
@@ -10,9 +10,6 @@ live copies.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from rabbitretry import ledger
@@ -20,65 +17,41 @@ from rabbitretry.amqp import ConfirmingPublisher, without_broker_headers
 from rabbitretry.db import Pool, Record, query
 from rabbitretry.processing import ATTEMPTS_HEADER
 
-BATCH = 200
-
-
-@dataclass(frozen=True)
-class Selection:
-    """Which dead letters an operation applies to; every field narrows it."""
-
-    queue: str | None = None
-    message_id: str | None = None
-    error: str | None = None
-    before: datetime | None = None
-
-
-async def select(
-    pool: Pool, selection: Selection, *, limit: int | None = None
-) -> AsyncIterator[Record]:
-    """Matching dead letters in key order, fetched in batches."""
-    cursor = ("", "")
-    seen = 0
-    while True:
-        rows = await pool.fetch(
-            query("select_dead"),
-            selection.queue,
-            selection.message_id,
-            selection.error,
-            selection.before,
-            *cursor,
-            BATCH,
-        )
-        for row in rows:
-            if limit is not None and seen >= limit:
-                return
-            seen += 1
-            yield row
-        if len(rows) < BATCH:
-            return
-        cursor = (rows[-1]["queue"], rows[-1]["message_id"])
-
 
 async def replay_one(
-    pool: Pool, publisher: ConfirmingPublisher, key: ledger.Key, *, actor: str
+    pool: Pool,
+    publisher: ConfirmingPublisher,
+    key: ledger.Key,
+    *,
+    actor: str,
+    body: bytes | None = None,
+    comment: str | None = None,
 ) -> bool:
-    """Replay one dead letter; False when it is no longer dead (already replayed, ignored)."""
+    """Replay one dead letter; False when it is no longer dead (already replayed, ignored).
+
+    With ``body``, the stored payload is replaced first (an operator's fix), in the same
+    transaction, so the ledger always holds what was published.
+    """
     async with pool.acquire() as conn, conn.transaction():
         row = await conn.fetchrow(query("lock_dead"), key.queue, key.message_id)
         if row is None:
             return False
         snapshot = ledger.snapshot_of(row)
+        if body is not None:
+            await conn.execute(query("operations_set_payload"), key.queue, key.message_id, body)
         await conn.execute(query("mark_replayed"), key.queue, key.message_id)
         await conn.execute(
-            query("add_audit"),
+            query("operations_audit"),
             actor,
-            "replay",
+            "replay" if body is None else "edit-replay",
             key.queue,
             key.message_id,
-            _detail(row),
+            _detail(row, edited_from=snapshot.body if body is not None else None),
+            1,
+            comment,
         )
         await publisher.publish(
-            snapshot.body,
+            snapshot.body if body is None else body,
             routing_key=key.queue,
             message_id=key.message_id,
             headers={**without_broker_headers(snapshot.headers), ATTEMPTS_HEADER: row["attempts"]},
@@ -87,11 +60,13 @@ async def replay_one(
     return True
 
 
-def _detail(row: Record) -> str:
+def _detail(row: Record, *, edited_from: bytes | None = None) -> str:
     detail: dict[str, Any] = {
         "attempts": row["attempts"],
         "reason": row["reason"],
         "error_type": row["error_type"],
         "replays_before": row["replays"],
     }
+    if edited_from is not None:
+        detail["previous_payload"] = edited_from.decode("utf-8", errors="replace")
     return json.dumps(detail)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Protocol
 
 from rabbitretry.db import Connection, Pool, PooledConnection, Transaction
 from rabbitretry.errors import RabbitRetryError
@@ -23,6 +24,24 @@ class TransactionRolledBack(RabbitRetryError):
     Swallowing the exception that rolled it back would report a success whose effects never
     happened; the attempt fails instead, and is retried.
     """
+
+
+class Effects(Protocol):
+    """What an attempt's transaction offers the handler and the code that runs it.
+
+    :class:`AttemptTransaction` in a worker; ``rabbitretry.testing`` puts a stand-in here.
+    """
+
+    rolled_back_by: BaseException | None
+    """The error that rolled the transaction back, if one did."""
+
+    def scope(self) -> contextlib.AbstractAsyncContextManager[Connection]:
+        """What ``ctx.transaction()`` returns."""
+        ...
+
+    async def close(self) -> None:
+        """Roll back whatever is still open (after a failed try)."""
+        ...
 
 
 class AttemptTransaction:

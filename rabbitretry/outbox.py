@@ -139,7 +139,7 @@ class OutboxRelay:
         async with self.pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(query("outbox_take"), self.batch_size)
             results = await asyncio.gather(
-                *(self._publish(publisher, row) for row in rows), return_exceptions=True
+                *(publish_row(publisher, row) for row in rows), return_exceptions=True
             )
             sent = [row["id"] for row, result in zip(rows, results, strict=True) if result is None]
             if sent:
@@ -155,16 +155,6 @@ class OutboxRelay:
                 elif isinstance(result, BaseException):
                     raise result
         return settled
-
-    async def _publish(self, publisher: amqp.ConfirmingPublisher, row: Record) -> None:
-        await publisher.publish(
-            bytes(row["payload"]),
-            exchange=row["exchange"],
-            routing_key=row["routing_key"],
-            message_id=row["message_id"],
-            headers=json.loads(row["headers"]),
-            properties={"content_type": row["content_type"]},
-        )
 
     async def _record_failure(self, conn: Connection, row: Record, error: PublishError) -> None:
         tries = row["tries"] + 1
@@ -210,3 +200,15 @@ class OutboxRelay:
             finally:
                 with contextlib.suppress(*UNAVAILABLE):
                     await conn.remove_listener(NOTIFY_CHANNEL, wake)
+
+
+async def publish_row(publisher: amqp.ConfirmingPublisher, row: Record) -> None:
+    """Publish one outbox row as it was enqueued (confirmed, mandatory)."""
+    await publisher.publish(
+        bytes(row["payload"]),
+        exchange=row["exchange"],
+        routing_key=row["routing_key"],
+        message_id=row["message_id"],
+        headers=json.loads(row["headers"]),
+        properties={"content_type": row["content_type"]},
+    )

@@ -30,9 +30,10 @@ from rabbitretry.amqp import (
 )
 from rabbitretry.consumer import Consumer, Context
 from rabbitretry.db import UNAVAILABLE, Connection, Pool
-from rabbitretry.effects import AttemptTransaction, TransactionRolledBack
+from rabbitretry.effects import AttemptTransaction
 from rabbitretry.errors import PublishError
 from rabbitretry.failure import Failure, describe, rejection
+from rabbitretry.handling import run_handler, validation_summary
 from rabbitretry.ledger import Claim, Key, Snapshot
 
 log = logging.getLogger("rabbitretry.worker")
@@ -147,7 +148,7 @@ class Processor:
         try:
             payload = type(self.consumer).parse(message.body)
         except pydantic.ValidationError as error:
-            failure = rejection(self.queue, "invalid-payload", _validation_summary(error))
+            failure = rejection(self.queue, "invalid-payload", validation_summary(error))
             await self._dead(key, claim.attempt, "invalid-payload", failure, snapshot)
             return Outcome(key, "dead", claim.attempt)
 
@@ -210,30 +211,7 @@ class Processor:
 
     async def _run_handler(self, payload: Any, ctx: Context) -> AttemptTransaction:
         """Run the handler (with in-process retries); the transaction of the try that worked."""
-        consumer_type = type(self.consumer)
-        tries = self.policy.immediate_retries + 1
-        for attempt_try in range(1, tries + 1):
-            effects = AttemptTransaction(self.pool)
-            try:
-                async with asyncio.timeout(consumer_type.timeout):
-                    await self.consumer.handle(payload, replace(ctx, effects=effects))
-                if effects.rolled_back_by is not None:
-                    raise TransactionRolledBack(
-                        "the handler returned normally although its transaction rolled back "
-                        f"on {effects.rolled_back_by!r}; a swallowed error is not a success"
-                    ) from effects.rolled_back_by
-                return effects
-            except BaseException as error:
-                await effects.close()
-                if (
-                    attempt_try == tries
-                    or not isinstance(error, Exception)
-                    or not self.policy.is_retryable(error)
-                ):
-                    raise
-                log.info("%s/%s: %r, retrying in-process", ctx.queue, ctx.message_id, error)
-                await asyncio.sleep(self.policy.immediate_delay)
-        raise AssertionError("unreachable: the last try returns or raises")
+        return await run_handler(self.consumer, payload, ctx, lambda: AttemptTransaction(self.pool))
 
     async def _failed(
         self, key: Key, claim: Claim, error: Exception, snapshot: Snapshot
@@ -398,11 +376,3 @@ def _x_death(message: IncomingMessage) -> list[dict[str, Any]]:
         if isinstance(value, list)
         else []
     )
-
-
-def _validation_summary(error: pydantic.ValidationError) -> str:
-    problems = [
-        f"{'.'.join(str(part) for part in e['loc']) or '(body)'}: {e['msg']}"
-        for e in error.errors(include_url=False)
-    ]
-    return f"{error.error_count()} validation error(s): " + "; ".join(problems)

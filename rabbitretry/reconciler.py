@@ -40,6 +40,7 @@ from rabbitretry import amqp, heartbeat, ledger, validity
 from rabbitretry.consumer import Consumer
 from rabbitretry.db import UNAVAILABLE, Pool, Record, query
 from rabbitretry.errors import ConnectionLost, PublishError
+from rabbitretry.outbox import publish_row
 from rabbitretry.processing import ATTEMPTS_HEADER
 from rabbitretry.publisher import encode
 from rabbitretry.reconciliation import Expected, Reconciliation, WindowReport, classify
@@ -270,14 +271,7 @@ class Reconciler:
                 for row in rows:
                     await self._limiter.wait()
                     try:
-                        await self._publisher_or_fail().publish(
-                            bytes(row["payload"]),
-                            exchange=row["exchange"],
-                            routing_key=row["routing_key"],
-                            message_id=row["message_id"],
-                            headers=json.loads(row["headers"]),
-                            properties={"content_type": row["content_type"]},
-                        )
+                        await publish_row(self._publisher_or_fail(), row)
                     except ConnectionLost:
                         raise
                     except PublishError as error:

@@ -16,6 +16,9 @@ class Settings(BaseSettings):
     amqp_url: str = DEFAULT_AMQP_URL
     database_url: str = DEFAULT_DATABASE_URL
     alert_webhook_url: str | None = None
+    console_token: str | None = None
+    console_user: str | None = None
+    console_password: str | None = None
 
 
 def mask_url(url: str) -> str:

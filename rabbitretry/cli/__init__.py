@@ -6,6 +6,7 @@ import typer
 
 from rabbitretry.cli import (
     alerts,
+    console,
     dead,
     jobs,
     ledger,
@@ -40,6 +41,7 @@ app.command("reconcile")(reconcile.reconcile)
 app.add_typer(jobs.app, name="job")
 app.add_typer(alerts.app, name="alerts")
 app.command("status")(status.status)
+app.command("console")(console.console)
 
 
 def main() -> None:

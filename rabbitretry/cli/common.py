@@ -19,6 +19,7 @@ from rich.console import Console
 
 from rabbitretry.consumer import Consumer
 from rabbitretry.errors import ConfigurationError, RabbitRetryError
+from rabbitretry.operations import OperationError
 from rabbitretry.settings import Settings
 from rabbitretry.topology import Topology, load_many
 from rabbitretry.worker import topology_of
@@ -51,7 +52,7 @@ def run_async(function: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return asyncio.run(function(*args, **kwargs))
-        except UserError as error:
+        except (UserError, OperationError) as error:
             err.print(f"[red]error:[/red] {error}", highlight=False)
             raise typer.Exit(2) from None
         except RabbitRetryError as error:

@@ -97,32 +97,6 @@ SELECT * FROM rabbitretry.attempt WHERE queue = $1 AND message_id = $2 ORDER BY 
 -- name: list_audit
 SELECT * FROM rabbitretry.audit WHERE queue = $1 AND message_id = $2 ORDER BY at, id;
 
--- name: list_dead
--- Dead letters, newest first, with optional filters: queue, error type (or reason), since.
-SELECT queue, message_id, attempts, reason, error_type, error_message, error_fingerprint,
-       finished_at, first_seen, replays
-FROM rabbitretry.ledger
-WHERE status = 'dead'
-  AND ($1::text IS NULL OR queue = $1)
-  AND ($2::text IS NULL OR error_type = $2 OR reason = $2)
-  AND ($3::timestamptz IS NULL OR finished_at >= $3)
-ORDER BY finished_at DESC, queue, message_id
-LIMIT $4;
-
--- name: select_dead
--- Dead letters matching the filters (queue, message_id, error type or reason, fingerprint,
--- died before), oldest first, after a (queue, message_id) cursor.
-SELECT queue, message_id, attempts, reason, error_type, error_message, finished_at
-FROM rabbitretry.ledger
-WHERE status = 'dead'
-  AND ($1::text IS NULL OR queue = $1)
-  AND ($2::text IS NULL OR message_id = $2)
-  AND ($3::text IS NULL OR error_type = $3 OR reason = $3)
-  AND ($4::timestamptz IS NULL OR finished_at <= $4)
-  AND (queue, message_id) > ($5, $6)
-ORDER BY queue, message_id
-LIMIT $7;
-
 -- name: lock_dead
 -- One dead letter, locked for a replay: a second replay waits, then finds it no longer dead.
 SELECT * FROM rabbitretry.ledger
@@ -136,10 +110,6 @@ SET status = 'retrying', next_retry_at = now(), retry_copy_confirmed = true,
     attempts_forgiven = attempts, replays = replays + 1, finished_at = NULL, reason = NULL,
     updated_at = now()
 WHERE queue = $1 AND message_id = $2 AND status = 'dead';
-
--- name: add_audit
-INSERT INTO rabbitretry.audit (actor, action, queue, message_id, detail)
-VALUES ($1, $2, $3, $4, $5);
 
 -- name: ledger_stats
 SELECT queue, status, count(*) AS messages, sum(attempts) AS attempts,

@@ -1,0 +1,115 @@
+"""``python -m drills``: run the fault drill and print its verdict (exit 1 on any problem)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import signal
+import sys
+
+from drills.drill import DrillConfig, DrillResult, run_drill
+from rabbitretry.settings import DEFAULT_AMQP_URL, DEFAULT_DATABASE_URL
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m drills",
+        description=(
+            "Publish seeded messages (20%% transient failures, 1%% poison, 0.5%% that crash the "
+            "worker) to a supervised `rabbitretry run` worker; SIGKILL it three times, cut its "
+            "broker and database connections, restart RabbitMQ's application; then check the "
+            "ledger and the effects table: every message finished once, nothing lost. "
+            "It restarts the broker: run it alone on a shared one (see docs/drills.md)."
+        ),
+    )
+    parser.add_argument("--messages", "-n", type=int, default=5000, help="default 5000")
+    parser.add_argument("--seed", type=int, help="replay a drill exactly (default: random)")
+    parser.add_argument(
+        "--publish-seconds",
+        type=float,
+        help="spread publishing (and the faults) over this long (default: 18 s per 1000 messages)",
+    )
+    parser.add_argument("--concurrency", "-c", type=int, default=4, help="worker consumers")
+    parser.add_argument(
+        "--settle-timeout",
+        type=float,
+        default=300.0,
+        help="seconds to wait, once all is published, for every message to finish (default 300)",
+    )
+    parser.add_argument(
+        "--no-broker-restart",
+        action="store_true",
+        help="skip rabbitmqctl stop_app/start_app (no rights on the broker, or not alone on it)",
+    )
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the scratch database and the worker log even when the drill passes",
+    )
+    args = parser.parse_args(argv)
+    if args.messages < 100:
+        parser.error("--messages must be at least 100 (the shares need whole messages)")
+    return args
+
+
+def config_from(args: argparse.Namespace) -> DrillConfig:
+    seed = args.seed if args.seed is not None else random.randrange(1_000_000)
+    return DrillConfig(
+        amqp_url=os.environ.get("RABBITRETRY_AMQP_URL", DEFAULT_AMQP_URL),
+        database_url=os.environ.get("RABBITRETRY_DATABASE_URL", DEFAULT_DATABASE_URL),
+        messages=args.messages,
+        seed=seed,
+        publish_seconds=args.publish_seconds or default_publish_seconds(args.messages),
+        concurrency=args.concurrency,
+        settle_timeout=args.settle_timeout,
+        restart_broker=not args.no_broker_restart,
+        keep=args.keep,
+    )
+
+
+def default_publish_seconds(messages: int) -> float:
+    return max(30.0, 18.0 * messages / 1000)
+
+
+def report(result: DrillResult) -> None:
+    print(result.details())
+    for line in result.verdict.explain():
+        print(line)
+    if not result.verdict.ok:
+        print(
+            f"drill: FAILED (seed {result.plan.seed}); kept for a post-mortem: the worker log "
+            f"{result.worker_log} and the database {result.database}"
+        )
+    print(result.summary())
+
+
+async def main_async(config: DrillConfig) -> DrillResult:
+    # SIGTERM interrupts the drill like Ctrl-C does, so that its finally blocks restore everything.
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    return await run_drill(config, say=lambda line: print(line, flush=True))
+
+
+def main(argv: list[str] | None = None) -> int:
+    # The publisher's reconnects while the broker is away are expected: keep them quiet.
+    for name in ("aio_pika", "aiormq"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    config = config_from(parse_args(sys.argv[1:] if argv is None else argv))
+    print(f"drill: seed {config.seed} (replay with --seed {config.seed})", flush=True)
+    try:
+        result = asyncio.run(main_async(config))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("drill: interrupted; everything it changed was restored", file=sys.stderr)
+        return 130
+    report(result)
+    return 0 if result.verdict.ok else 1
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        sys.exit(main())

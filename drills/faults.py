@@ -1,0 +1,104 @@
+"""The faults a drill injects, and the promise to undo every one of them.
+
+Connections are cut through TCP proxies of the drill's own on loopback (the worker reaches
+RabbitMQ and PostgreSQL only through them). The broker restart stops and starts RabbitMQ's
+application with ``rabbitmqctl``: that affects everyone on the broker, so run the drill alone
+on a shared one (see docs/drills.md). :meth:`Faults.restore` puts everything back and is
+safe to call at any time, any number of times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from drills.plan import Fault
+from drills.supervisor import Supervisor
+from tests.proxy import Proxy
+
+CUT_SECONDS = 3.0  # how long a cut connection stays refused
+BROKER_DOWN_SECONDS = 2.0  # between stop_app and start_app
+BROKER_START_TIMEOUT = 120.0
+
+
+@dataclass
+class Faults:
+    supervisor: Supervisor
+    broker_proxy: Proxy
+    database_proxy: Proxy
+    broker_host: str
+    broker_port: int
+    say: Callable[[str], None]
+    broker_stopped: bool = field(default=False, init=False)
+    done: list[str] = field(default_factory=list, init=False)
+
+    async def inject(self, fault: Fault) -> None:
+        if fault == "kill":
+            pid = await self.supervisor.kill()
+            self.say(f"SIGKILL worker pid {pid}")
+        elif fault == "cut-broker":
+            await self._cut(self.broker_proxy, "broker")
+        elif fault == "cut-database":
+            await self._cut(self.database_proxy, "database")
+        elif fault == "restart-broker":
+            await self._restart_broker()
+        self.done.append(fault)
+
+    async def _cut(self, proxy: Proxy, what: str) -> None:
+        self.say(f"cut the {what} connection for {CUT_SECONDS:.0f} s")
+        await proxy.cut(refuse=True)
+        try:
+            await asyncio.sleep(CUT_SECONDS)
+        finally:
+            proxy.restore()
+
+    async def _restart_broker(self) -> None:
+        self.say("rabbitmqctl stop_app")
+        self.broker_stopped = True
+        try:
+            await asyncio.to_thread(_rabbitmqctl, "stop_app")
+            await asyncio.sleep(BROKER_DOWN_SECONDS)
+        finally:
+            # Blocking on purpose: runs to the end even when the drill is being cancelled.
+            self.start_broker()
+        self.say("rabbitmqctl start_app: the broker answers again")
+
+    def start_broker(self) -> None:
+        """start_app, then wait until the broker answers on its port; idempotent."""
+        if not self.broker_stopped:
+            return
+        _rabbitmqctl("start_app")
+        _rabbitmqctl("await_startup")
+        deadline = time.monotonic() + BROKER_START_TIMEOUT
+        while not _port_open(self.broker_host, self.broker_port):
+            if time.monotonic() > deadline:
+                raise RuntimeError("RabbitMQ did not come back after start_app")
+            time.sleep(0.2)
+        self.broker_stopped = False
+
+    def restore(self) -> None:
+        """Undo whatever is still in effect: proxies open, broker application running."""
+        self.broker_proxy.restore()
+        self.database_proxy.restore()
+        self.start_broker()
+
+
+def _rabbitmqctl(*args: str) -> None:
+    subprocess.run(
+        ["rabbitmqctl", "-q", *args],
+        check=True,
+        timeout=BROKER_START_TIMEOUT,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), 1):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,96 @@
+"""``rabbitretry console``: serve the web console."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+import uvicorn
+
+from rabbitretry import db
+from rabbitretry.cli.common import (
+    UserError,
+    configure_logging,
+    err,
+    load_consumer,
+    run_async,
+    settings,
+)
+from rabbitretry.console import Auth, ConsoleConfig, ConsoleRefused, check_startup, create_app
+from rabbitretry.settings import mask_url
+
+log = logging.getLogger("rabbitretry.console")
+
+
+def console(
+    host: Annotated[
+        str, typer.Option(help="Address to listen on; anything but 127.0.0.1 needs credentials.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8089,
+    no_auth: Annotated[
+        bool,
+        typer.Option(
+            "--no-auth", help="Serve without a login (only on 127.0.0.1, for a local look)."
+        ),
+    ] = False,
+    consumers: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--consumer",
+            "-c",
+            help="MODULE:CLASS whose payload model checks edited payloads of its queue "
+            "(repeat for several).",
+        ),
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+) -> None:
+    """Serve the web console: dead and retrying messages, groups, retries, ignores and edits.
+
+    Log in with RABBITRETRY_CONSOLE_TOKEN, or RABBITRETRY_CONSOLE_USER and
+    RABBITRETRY_CONSOLE_PASSWORD. Every action is recorded in the audit table with your name.
+    """
+    config = settings()
+    auth = Auth(config.console_token, config.console_user, config.console_password)
+    try:
+        check_startup(auth, host, no_auth)
+        models = {c.queue: c.payload_adapter for c in map(load_consumer, consumers or [])}
+    except ConsoleRefused as error:
+        err.print(f"[red]error:[/red] {error}", highlight=False)
+        raise typer.Exit(2) from None
+    except UserError as error:
+        err.print(f"[red]error:[/red] {error}", highlight=False)
+        raise typer.Exit(2) from None
+    run_async(_check_ledger)(config.database_url)
+    configure_logging(verbose)
+    app = create_app(
+        ConsoleConfig(
+            database_url=config.database_url,
+            amqp_url=config.amqp_url,
+            auth=auth,
+            no_auth=no_auth,
+            models=models,
+        )
+    )
+    log.info(
+        "console on http://%s:%d (ledger %s, broker %s)",
+        host,
+        port,
+        mask_url(config.database_url),
+        mask_url(config.amqp_url),
+    )
+    uvicorn.run(app, host=host, port=port, log_level="info" if verbose else "warning")
+
+
+async def _check_ledger(url: str) -> None:
+    """Fail at start, in one line, rather than on the first page."""
+    pool = await db.create_pool(url, min_size=1, max_size=1)
+    try:
+        async with pool.acquire() as conn:
+            pending = await db.pending_migrations(conn)
+    finally:
+        await pool.close()
+    if pending:
+        raise UserError(
+            f"the ledger schema lacks {', '.join(pending)}: run `rabbitretry db migrate` first"
+        )

@@ -1,0 +1,149 @@
+"""Who may use the console and how its forms are protected. Pure functions, no I/O.
+
+- Authentication: a token (``RABBITRETRY_CONSOLE_TOKEN``) or a user and password
+  (``RABBITRETRY_CONSOLE_USER`` / ``RABBITRETRY_CONSOLE_PASSWORD``), given on the login page
+  (which sets a signed session cookie) or in an ``Authorization`` header (Bearer or Basic).
+- Without either, the console serves only 127.0.0.1 and only when started with ``--no-auth``.
+- CSRF: every form carries a token bound to the session (an HMAC of its nonce), and every
+  POST must come from the console's own origin (``Origin``, else ``Referer``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+SESSION_COOKIE = "rabbitretry_session"
+SESSION_SECONDS = 12 * 3600
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+class ConsoleRefused(Exception):
+    """The console's configuration is unsafe: it does not start."""
+
+
+@dataclass(frozen=True)
+class Auth:
+    token: str | None = None
+    user: str | None = None
+    password: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.token or (self.user and self.password))
+
+    def check_login(self, user: str, password: str, token: str) -> bool:
+        if self.token and token and _same(token, self.token):
+            return True
+        return bool(
+            self.user
+            and self.password
+            and _same(user, self.user)
+            and _same(password, self.password)
+        )
+
+    def check_header(self, header: str) -> str | None:
+        """The user an ``Authorization`` header authenticates, or None."""
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() == "bearer" and self.token and _same(value.strip(), self.token):
+            return "token"
+        if scheme.lower() == "basic":
+            try:
+                user, _, password = base64.b64decode(value.strip()).decode().partition(":")
+            except (binascii.Error, UnicodeDecodeError):
+                return None
+            if self.check_login(user, password, ""):
+                return user
+        return None
+
+
+def check_startup(auth: Auth, host: str, no_auth: bool) -> None:
+    """Refuse an unsafe start: no credentials, or --no-auth off 127.0.0.1."""
+    if auth.user and not auth.password:
+        raise ConsoleRefused("RABBITRETRY_CONSOLE_USER is set without RABBITRETRY_CONSOLE_PASSWORD")
+    if no_auth and auth.enabled:
+        raise ConsoleRefused("--no-auth was given but credentials are configured: drop one")
+    if no_auth and host not in LOCAL_HOSTS:
+        raise ConsoleRefused(
+            f"--no-auth serves only 127.0.0.1, not {host}: set RABBITRETRY_CONSOLE_TOKEN "
+            "(or RABBITRETRY_CONSOLE_USER and RABBITRETRY_CONSOLE_PASSWORD) instead"
+        )
+    if not no_auth and not auth.enabled:
+        raise ConsoleRefused(
+            "the console needs credentials: set RABBITRETRY_CONSOLE_TOKEN, or "
+            "RABBITRETRY_CONSOLE_USER and RABBITRETRY_CONSOLE_PASSWORD (or, on 127.0.0.1 only, "
+            "pass --no-auth)"
+        )
+
+
+@dataclass(frozen=True)
+class Session:
+    user: str
+    nonce: str
+    issued: int
+
+
+def new_session(user: str, now: float | None = None) -> Session:
+    return Session(user=user, nonce=secrets.token_urlsafe(16), issued=int(now or time.time()))
+
+
+def header_session(user: str, header: str, secret: bytes) -> Session:
+    """A session for header-authenticated requests: stable, so its CSRF token is too."""
+    nonce = hmac.new(secret, f"header|{header}".encode(), hashlib.sha256).hexdigest()[:22]
+    return Session(user=user, nonce=nonce, issued=0)
+
+
+def encode_session(session: Session, secret: bytes) -> str:
+    body = base64.urlsafe_b64encode(
+        json.dumps({"u": session.user, "n": session.nonce, "t": session.issued}).encode()
+    ).decode()
+    return f"{body}.{_sign(secret, body)}"
+
+
+def decode_session(cookie: str, secret: bytes, now: float | None = None) -> Session | None:
+    """The session in a cookie, or None when it is forged, malformed or expired."""
+    body, _, signature = cookie.partition(".")
+    if not signature or not _same(signature, _sign(secret, body)):
+        return None
+    try:
+        data = json.loads(base64.urlsafe_b64decode(body))
+        session = Session(user=str(data["u"]), nonce=str(data["n"]), issued=int(data["t"]))
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        return None
+    if (now or time.time()) - session.issued > SESSION_SECONDS:
+        return None
+    return session
+
+
+def csrf_token(session: Session, secret: bytes) -> str:
+    return _sign(secret, f"csrf|{session.nonce}")
+
+
+def csrf_ok(session: Session, secret: bytes, submitted: str) -> bool:
+    return bool(submitted) and _same(submitted, csrf_token(session, secret))
+
+
+def same_origin(origin: str | None, referer: str | None, scheme: str, host: str) -> bool:
+    """Whether a POST comes from the console's own pages (``Origin``, else ``Referer``)."""
+    expected = f"{scheme}://{host}".lower()
+    if origin and origin != "null":
+        return origin.lower().rstrip("/") == expected
+    if referer:
+        parts = urlsplit(referer)
+        return f"{parts.scheme}://{parts.netloc}".lower() == expected
+    return False
+
+
+def _sign(secret: bytes, text: str) -> str:
+    return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
+
+
+def _same(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode(), b.encode())

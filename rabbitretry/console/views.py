@@ -1,0 +1,304 @@
+"""The console's pages and actions; every action is an :mod:`rabbitretry.operations` call."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from rabbitretry import ledger, metrics, operations
+from rabbitretry.console import forms, security
+from rabbitretry.console.app import (
+    actor_of,
+    config_of,
+    jobs_of,
+    pool_of,
+    posted,
+    render,
+    set_session_cookie,
+)
+from rabbitretry.console.jobs import Job
+from rabbitretry.operations import OperationError, Progress, ReplayReport
+
+CANARY_TIMEOUT = 60.0
+
+
+# ---------------------------------------------------------------- login
+
+
+async def login_page(request: Request) -> Response:
+    if request.state.session is not None:
+        return RedirectResponse(_local(request.query_params.get("next")), status_code=303)
+    return _login_form(request)
+
+
+def _login_form(request: Request, error: str = "", status_code: int = 200) -> Response:
+    auth = config_of(request).auth
+    return render(
+        request,
+        "login.html",
+        status_code,
+        error=error,
+        with_token=bool(auth.token),
+        with_password=bool(auth.user),
+        next=_local(request.query_params.get("next")),
+    )
+
+
+async def login(request: Request) -> Response:
+    if not security.same_origin(
+        request.headers.get("origin"),
+        request.headers.get("referer"),
+        request.url.scheme,
+        request.headers.get("host", ""),
+    ):
+        raise HTTPException(403, "cross-site request refused")
+    form = await request.form()
+    user, password, token, name = (
+        str(form.get(k) or "").strip() for k in ("user", "password", "token", "name")
+    )
+    config = config_of(request)
+    if not config.auth.check_login(user, password, token):
+        return _login_form(request, "wrong credentials", 401)
+    who = user if user and not token else (name or "token")
+    response = RedirectResponse(_local(str(form.get("next") or "")), status_code=303)
+    set_session_cookie(response, security.new_session(who), config, request)
+    return response
+
+
+async def logout(request: Request) -> Response:
+    await posted(request)
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(security.SESSION_COOKIE)
+    return response
+
+
+def _local(target: str | None) -> str:
+    """Only a path on this site (never //elsewhere or /\\elsewhere): no open redirect."""
+    if target and target.startswith("/") and not target.startswith(("//", "/\\")):
+        return target
+    return "/messages"
+
+
+# ---------------------------------------------------------------- pages
+
+
+async def home(request: Request) -> Response:
+    return RedirectResponse("/messages", status_code=303)
+
+
+async def messages(request: Request) -> Response:
+    params = _params(request)
+    selection = forms.filter_from(params)
+    rows = await operations.list_messages(pool_of(request), selection)
+    return render(
+        request,
+        "messages.html",
+        rows=rows,
+        params=params,
+        statuses=(*operations.STATUSES, "all"),
+        limit=selection.limit,
+        now=datetime.now(UTC),
+    )
+
+
+async def groups(request: Request) -> Response:
+    params = _params(request)
+    rows = await operations.groups(pool_of(request), forms.filter_from(params))
+    return render(
+        request,
+        "groups.html",
+        rows=rows,
+        params=params,
+        statuses=(*operations.STATUSES, "all"),
+        cutoff=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S"),
+        now=datetime.now(UTC),
+    )
+
+
+async def message(request: Request) -> Response:
+    key = ledger.Key(request.query_params.get("queue", ""), request.query_params.get("id", ""))
+    return await _message_page(request, key)
+
+
+async def _message_page(
+    request: Request, key: ledger.Key, *, error: str = "", draft: str | None = None
+) -> Response:
+    pool = pool_of(request)
+    row = await ledger.get(pool, key)
+    if row is None:
+        raise HTTPException(404, f"no message {key} in the ledger")
+    attempts, audit = await operations.history(pool, key)
+    payload = operations.payload_text(bytes(row["payload"]))
+    return render(
+        request,
+        "message.html",
+        400 if error else 200,
+        row=row,
+        key=key,
+        attempts=attempts,
+        audit=audit,
+        payload=payload,
+        draft=payload if draft is None else draft,
+        headers=json.dumps(json.loads(row["headers"]), indent=2, sort_keys=True),
+        properties=json.dumps(json.loads(row["properties"]), indent=2, sort_keys=True),
+        has_model=key.queue in config_of(request).models,
+        error=error,
+        now=datetime.now(UTC),
+    )
+
+
+async def audit(request: Request) -> Response:
+    rows = await operations.recent_audit(pool_of(request), limit=200)
+    return render(request, "audit.html", rows=rows, jobs=jobs_of(request).recent())
+
+
+async def job(request: Request) -> Response:
+    found = jobs_of(request).get(request.path_params["job_id"])
+    if found is None:
+        raise HTTPException(404, "no such job (jobs are kept until the console restarts)")
+    return render(request, "job.html", job=found)
+
+
+# ---------------------------------------------------------------- actions
+
+
+async def replay(request: Request) -> Response:
+    form = await posted(request)
+    keys = [forms.key_from(str(v)) for v in form.getlist("key")]
+    if not keys:
+        raise OperationError("select at least one message to retry")
+    rate = forms.rate_from(str(form.get("rate") or ""))
+    canary = form.get("canary") == "on"
+    pool = pool_of(request)
+    if len(keys) == 1 and not canary:
+        async with operations.publisher(config_of(request).amqp_url) as sender:
+            done = await operations.replay(pool, sender, keys, actor=actor_of(request))
+        return _to_message(keys[0], "retried" if done.replayed else "not-dead")
+    targets = await operations.replay_targets(pool, keys=keys)
+    title = f"retry {len(keys)} selected message(s)"
+    return _start(request, title, targets, rate=rate, canary=canary, what={"selected": len(keys)})
+
+
+async def replay_group(request: Request) -> Response:
+    form = await posted(request)
+    fingerprint = str(form.get("fingerprint") or "")
+    queue = str(form.get("queue") or "") or None
+    if not fingerprint:
+        raise OperationError("say which group to retry")
+    before = forms.moment(str(form.get("before") or ""))
+    targets = await operations.replay_targets(
+        pool_of(request), queue=queue, fingerprint=fingerprint, before=before
+    )
+    return _start(
+        request,
+        f"retry group {fingerprint}" + (f" up to {before:%Y-%m-%d %H:%M:%S %Z}" if before else ""),
+        targets,
+        rate=forms.rate_from(str(form.get("rate") or "")),
+        canary=form.get("canary") == "on",
+        what={"group": fingerprint, "queue": queue, "before": before},
+    )
+
+
+def _start(
+    request: Request,
+    title: str,
+    targets: list[ledger.Key],
+    *,
+    rate: float | None,
+    canary: bool,
+    what: dict[str, Any],
+) -> Response:
+    if not targets:
+        raise OperationError("no dead letters match: nothing to retry")
+    pool, amqp_url, actor = pool_of(request), config_of(request).amqp_url, actor_of(request)
+    description = {**what, "from": "console"}
+
+    async def run(progress: Progress) -> ReplayReport:
+        async with operations.publisher(amqp_url) as sender:
+            return await operations.replay(
+                pool,
+                sender,
+                targets,
+                actor=actor,
+                rate=rate,
+                canary=canary,
+                canary_timeout=CANARY_TIMEOUT,
+                description=description,
+                on_progress=progress,
+            )
+
+    started: Job = jobs_of(request).start(title, actor, len(targets), run)
+    return RedirectResponse(f"/jobs/{started.id}", status_code=303)
+
+
+async def ignore(request: Request) -> Response:
+    form = await posted(request)
+    key = forms.key_from(str(form.get("key") or ""))
+    comment = str(form.get("comment") or "")
+    if not await operations.ignore(pool_of(request), key, actor=actor_of(request), comment=comment):
+        raise HTTPException(409, f"{key} is neither dead nor retrying: it cannot be ignored")
+    return _to_message(key, "ignored")
+
+
+async def edit(request: Request) -> Response:
+    form = await posted(request)
+    key = forms.key_from(str(form.get("key") or ""))
+    payload = str(form.get("payload") or "")
+    config = config_of(request)
+    try:
+        async with operations.publisher(config.amqp_url) as sender:
+            done = await operations.edit_and_replay(
+                pool_of(request),
+                sender,
+                key,
+                payload,
+                actor=actor_of(request),
+                payload_adapter=config.models.get(key.queue),
+                comment=str(form.get("comment") or "") or None,
+            )
+    except OperationError as error:
+        return await _message_page(request, key, error=str(error), draft=payload)
+    return _to_message(key, "edited" if done else "not-dead")
+
+
+def _to_message(key: ledger.Key, notice: str) -> Response:
+    query = urlencode({"queue": key.queue, "id": key.message_id, "notice": notice})
+    return RedirectResponse(f"/message?{query}", status_code=303)
+
+
+def _params(request: Request) -> dict[str, str]:
+    return {name: request.query_params.get(name, "") for name in forms.FILTER_FIELDS}
+
+
+async def prometheus(request: Request) -> Response:
+    """The ledger gauges for Prometheus, behind the login: scrape with a bearer token."""
+    body = await metrics.render_ledger_metrics(pool_of(request))
+    return Response(body, media_type=metrics.CONTENT_TYPE)
+
+
+def routes() -> list[Route | Mount]:
+    return [
+        Route("/", home),
+        Route("/login", login_page, methods=["GET"]),
+        Route("/login", login, methods=["POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Route("/messages", messages),
+        Route("/groups", groups),
+        Route("/message", message),
+        Route("/audit", audit),
+        Route("/jobs/{job_id}", job),
+        Route("/metrics", prometheus),
+        Route("/actions/replay", replay, methods=["POST"]),
+        Route("/actions/replay-group", replay_group, methods=["POST"]),
+        Route("/actions/ignore", ignore, methods=["POST"]),
+        Route("/actions/edit", edit, methods=["POST"]),
+        Mount("/static", StaticFiles(packages=[("rabbitretry.console", "static")]), name="static"),
+    ]

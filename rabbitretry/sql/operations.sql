@@ -1,0 +1,100 @@
+-- Operator queries shared by the CLI and the console (see rabbitretry/operations.py).
+-- Filters are optional: a NULL parameter does not narrow. "when" is the moment a message last
+-- changed state: finished_at for finished rows, updated_at otherwise.
+
+-- name: operations_list
+-- $1 statuses, $2 queue, $3 error type or reason, $4 fingerprint, $5 since, $6 until,
+-- $7 text (searched in the key, error type and error message), $8 limit.
+SELECT queue, message_id, status, attempts, max_attempts, reason, error_type, error_message,
+       error_fingerprint, first_seen, finished_at, next_retry_at, replays,
+       coalesce(finished_at, updated_at) AS changed_at
+FROM rabbitretry.ledger
+WHERE status = ANY($1::text[])
+  AND ($2::text IS NULL OR queue = $2)
+  AND ($3::text IS NULL OR error_type = $3 OR reason = $3)
+  AND ($4::text IS NULL OR error_fingerprint = $4)
+  AND ($5::timestamptz IS NULL OR coalesce(finished_at, updated_at) >= $5)
+  AND ($6::timestamptz IS NULL OR coalesce(finished_at, updated_at) <= $6)
+  AND ($7::text IS NULL OR strpos(lower(message_id), lower($7)) > 0
+       OR strpos(lower(coalesce(error_type, '')), lower($7)) > 0
+       OR strpos(lower(coalesce(error_message, '')), lower($7)) > 0)
+ORDER BY coalesce(finished_at, updated_at) DESC, queue, message_id
+LIMIT $8;
+
+-- name: operations_groups
+-- The same filters, grouped by error fingerprint: how many, first and last seen, one example.
+SELECT queue, error_fingerprint AS fingerprint,
+       min(coalesce(error_type, reason)) AS error_type,
+       min(coalesce(error_message, reason, '')) AS example_message,
+       count(*) AS messages,
+       min(coalesce(finished_at, updated_at)) AS first_seen,
+       max(coalesce(finished_at, updated_at)) AS last_seen
+FROM rabbitretry.ledger
+WHERE status = ANY($1::text[])
+  AND ($2::text IS NULL OR queue = $2)
+  AND ($3::text IS NULL OR error_type = $3 OR reason = $3)
+  AND ($4::text IS NULL OR error_fingerprint = $4)
+  AND ($5::timestamptz IS NULL OR coalesce(finished_at, updated_at) >= $5)
+  AND ($6::timestamptz IS NULL OR coalesce(finished_at, updated_at) <= $6)
+  AND ($7::text IS NULL OR strpos(lower(message_id), lower($7)) > 0
+       OR strpos(lower(coalesce(error_type, '')), lower($7)) > 0
+       OR strpos(lower(coalesce(error_message, '')), lower($7)) > 0)
+GROUP BY queue, error_fingerprint
+ORDER BY count(*) DESC, max(coalesce(finished_at, updated_at)) DESC
+LIMIT $8;
+
+-- name: operations_replay_targets
+-- Dead letters a replay applies to, oldest death first: $1 keys as "queue/message_id" text
+-- (NULL: any), $2 queue, $3 fingerprint, $4 error type or reason, $5 died at or before.
+SELECT queue, message_id, error_fingerprint, finished_at
+FROM rabbitretry.ledger
+WHERE status = 'dead'
+  AND ($1::text[] IS NULL OR queue || '/' || message_id = ANY($1::text[]))
+  AND ($2::text IS NULL OR queue = $2)
+  AND ($3::text IS NULL OR error_fingerprint = $3)
+  AND ($4::text IS NULL OR error_type = $4 OR reason = $4)
+  AND ($5::timestamptz IS NULL OR finished_at <= $5)
+ORDER BY finished_at, queue, message_id
+LIMIT $6;
+
+-- name: operations_ignore
+-- A dead or retrying message no one will retry: its copies are dropped when they arrive.
+UPDATE rabbitretry.ledger l
+SET status = 'ignored', next_retry_at = NULL, lease_until = NULL,
+    finished_at = now(), updated_at = now()
+FROM (SELECT status FROM rabbitretry.ledger
+      WHERE queue = $1 AND message_id = $2 FOR UPDATE) AS before
+WHERE l.queue = $1 AND l.message_id = $2 AND l.status IN ('dead', 'retrying')
+RETURNING before.status AS status_before;
+
+-- name: operations_set_payload
+-- The payload of a locked dead letter, replaced by an operator before its replay.
+UPDATE rabbitretry.ledger SET payload = $3, updated_at = now()
+WHERE queue = $1 AND message_id = $2 AND status = 'dead';
+
+-- name: operations_audit
+INSERT INTO rabbitretry.audit (actor, action, queue, message_id, detail, messages, comment)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+RETURNING id;
+
+-- name: operations_recent_audit
+SELECT id, at, actor, action, queue, message_id, detail, messages, comment
+FROM rabbitretry.audit ORDER BY at DESC, id DESC LIMIT $1;
+
+-- name: operations_export
+-- Everything about the matching messages, for a jsonl export (same filters as operations_list).
+SELECT queue, message_id, status, attempts, reason, error_type, error_message,
+       error_fingerprint, first_seen, finished_at, payload, headers, properties, exchange,
+       routing_key, replays
+FROM rabbitretry.ledger
+WHERE status = ANY($1::text[])
+  AND ($2::text IS NULL OR queue = $2)
+  AND ($3::text IS NULL OR error_type = $3 OR reason = $3)
+  AND ($4::text IS NULL OR error_fingerprint = $4)
+  AND ($5::timestamptz IS NULL OR coalesce(finished_at, updated_at) >= $5)
+  AND ($6::timestamptz IS NULL OR coalesce(finished_at, updated_at) <= $6)
+  AND ($7::text IS NULL OR strpos(lower(message_id), lower($7)) > 0
+       OR strpos(lower(coalesce(error_type, '')), lower($7)) > 0
+       OR strpos(lower(coalesce(error_message, '')), lower($7)) > 0)
+ORDER BY coalesce(finished_at, updated_at), queue, message_id
+LIMIT $8;
