@@ -29,6 +29,7 @@ T = TypeVar("T")
 
 MISSING_SCHEMA = (
     asyncpg.UndefinedTableError,
+    asyncpg.UndefinedColumnError,
     asyncpg.UndefinedFunctionError,
     asyncpg.InvalidSchemaNameError,
 )

@@ -12,10 +12,14 @@ from rabbitretry.cli.common import age, out
 from rabbitretry.db import Record
 
 
+# Short values that a narrow terminal should never fold; the long ones (keys, errors) fold.
+_NO_WRAP = {"fingerprint", "messages", "attempts", "status", "first", "last", "age"}
+
+
 def print_messages(rows: list[Record], what: str, limit: int) -> None:
     table = Table(title=f"{len(rows)} {what} message(s)" + _limit_note(rows, limit))
     for column in ("queue", "key", "status", "attempts", "error", "last error", "age"):
-        table.add_column(column, overflow="fold")
+        table.add_column(column, overflow="fold", no_wrap=column in _NO_WRAP)
     for row in rows:
         table.add_row(
             row["queue"],
@@ -32,7 +36,7 @@ def print_messages(rows: list[Record], what: str, limit: int) -> None:
 def print_groups(rows: list[Record], what: str, limit: int) -> None:
     table = Table(title=f"{len(rows)} group(s) of {what} messages" + _limit_note(rows, limit))
     for column in ("fingerprint", "queue", "messages", "error", "example", "first", "last"):
-        table.add_column(column, overflow="fold")
+        table.add_column(column, overflow="fold", no_wrap=column in _NO_WRAP)
     for row in rows:
         table.add_row(
             row["fingerprint"] or "-",
