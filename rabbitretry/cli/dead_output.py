@@ -11,7 +11,6 @@ from rabbitretry import ledger, operations
 from rabbitretry.cli.common import age, out
 from rabbitretry.db import Record
 
-
 # Short values that a narrow terminal should never fold; the long ones (keys, errors) fold.
 _NO_WRAP = {"fingerprint", "messages", "attempts", "status", "first", "last", "age"}
 
