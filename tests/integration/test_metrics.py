@@ -21,6 +21,8 @@ from pydantic import BaseModel
 
 from rabbitretry import Consumer, Context, Permanent, Retry, RetryPolicy, heartbeat, metrics
 from rabbitretry.outbox import Outbox
+from rabbitretry.topology import Topology
+from tests.integration import crash_consumers
 from tests.integration.conftest import BrokerCleanup
 from tests.integration.harness import publish, queue_depth, running_worker, wait_for, wait_status
 
@@ -170,7 +172,9 @@ async def test_run_serves_metrics_on_its_port(
         "RR_SLEEP": "0",
         "RR_EVENTS": str(events),
     }
-    broker_cleanup.queue(queue_name)
+    # The worker declares Crashy's whole topology on this test's queue: delete all of it.
+    declared = crash_consumers.Crashy.work_queue().model_copy(update={"name": queue_name})
+    broker_cleanup.topology(Topology(queues=[declared]))
     log = (tmp_path / "worker.log").open("wb")
     worker = await asyncio.create_subprocess_exec(
         *CLI,
