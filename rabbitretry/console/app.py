@@ -114,9 +114,8 @@ def render(request: Request, template: str, status_code: int = 200, **context: A
     return HTMLResponse(html, status_code=status_code)
 
 
-async def posted(request: Request) -> FormData:
-    """The form of a POST, refused (403) unless it comes from a console page of this session."""
-    config = config_of(request)
+def refuse_cross_site(request: Request) -> None:
+    """Raise 403 unless the request's Origin (or Referer) is this console."""
     if not security.same_origin(
         request.headers.get("origin"),
         request.headers.get("referer"),
@@ -124,6 +123,12 @@ async def posted(request: Request) -> FormData:
         request.headers.get("host", ""),
     ):
         raise HTTPException(403, "cross-site request refused")
+
+
+async def posted(request: Request) -> FormData:
+    """The form of a POST, refused (403) unless it comes from a console page of this session."""
+    config = config_of(request)
+    refuse_cross_site(request)
     form = await request.form()
     token = form.get("csrf")
     if not isinstance(token, str) or not security.csrf_ok(

@@ -21,6 +21,7 @@ from rabbitretry.console.app import (
     jobs_of,
     pool_of,
     posted,
+    refuse_cross_site,
     render,
     set_session_cookie,
 )
@@ -53,13 +54,7 @@ def _login_form(request: Request, error: str = "", status_code: int = 200) -> Re
 
 
 async def login(request: Request) -> Response:
-    if not security.same_origin(
-        request.headers.get("origin"),
-        request.headers.get("referer"),
-        request.url.scheme,
-        request.headers.get("host", ""),
-    ):
-        raise HTTPException(403, "cross-site request refused")
+    refuse_cross_site(request)
     form = await request.form()
     user, password, token, name = (
         str(form.get(k) or "").strip() for k in ("user", "password", "token", "name")
