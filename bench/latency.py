@@ -18,8 +18,8 @@ from typing import Any
 import aio_pika
 
 from bench.services import AMQP_URL, body, delete_queues, random_name, wait_until
+from rabbitretry.delivery.worker import topology_of
 from rabbitretry.topology import Topology
-from rabbitretry.worker import topology_of
 
 STARTUP_TIMEOUT = 60.0
 

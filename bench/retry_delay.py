@@ -15,7 +15,7 @@ import asyncpg
 from bench.latency import report_of, worker_process
 from bench.services import AMQP_URL, body, delete_queues, prefill, random_name, wait_until
 from bench.throughput import noop_consumer
-from rabbitretry.worker import topology_of
+from rabbitretry.delivery.worker import topology_of
 
 MIN_DELAY, MAX_DELAY = 1.0, 8.0
 SEED = 6

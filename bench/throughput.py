@@ -32,8 +32,8 @@ from bench.services import (
 )
 from rabbitretry import amqp
 from rabbitretry.consumer import Consumer, Context
+from rabbitretry.delivery.worker import Worker, topology_of
 from rabbitretry.topology import declare
-from rabbitretry.worker import Worker, topology_of
 
 TIMEOUT = 600.0
 

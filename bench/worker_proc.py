@@ -17,18 +17,19 @@ import sys
 import time
 from typing import Any
 
-import rabbitretry.worker
+import rabbitretry.delivery.worker
 from bench.services import AMQP_URL, wait_until
 from rabbitretry import Retry
 from rabbitretry.amqp import IncomingMessage
 from rabbitretry.consumer import Consumer, Context
-from rabbitretry.processing import Outcome, Processor
+from rabbitretry.delivery.outcome import Outcome
+from rabbitretry.delivery.pipeline import Pipeline
 from rabbitretry.retry import RetryPolicy
 
 latencies_ms: list[float] = []
 
 
-class TimedProcessor(Processor):
+class TimedPipeline(Pipeline):
     """Notes, for each delivery, the time from its publish to its ack."""
 
     async def process(self, message: IncomingMessage) -> Outcome:
@@ -54,8 +55,8 @@ def consumer_for(queue_name: str, mode: str) -> type[Consumer[Any]]:
 
 async def main(queue: str, database_url: str, concurrency: int, mode: str) -> None:
     logging.basicConfig(level=logging.ERROR)  # the retries a benchmark asks for are no news
-    rabbitretry.worker.Processor = TimedProcessor  # type: ignore[misc]
-    worker = rabbitretry.worker.Worker(
+    rabbitretry.delivery.worker.Pipeline = TimedPipeline  # type: ignore[misc]
+    worker = rabbitretry.delivery.worker.Worker(
         consumers=[consumer_for(queue, mode)],
         amqp_url=AMQP_URL,
         database_url=database_url,

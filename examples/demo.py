@@ -20,11 +20,11 @@ from rich.table import Table
 
 from examples.points import SUSPENDED_USERS, TOTALS, AwardPoints
 from rabbitretry import Worker, amqp, db, deadletters
+from rabbitretry.delivery.worker import topology_of
 from rabbitretry.errors import RabbitRetryError
 from rabbitretry.ledger import Key
 from rabbitretry.settings import Settings, mask_url
 from rabbitretry.topology import declare
-from rabbitretry.worker import topology_of
 
 console = Console()
 QUEUE = AwardPoints.queue

@@ -15,9 +15,9 @@ from rich.console import Console
 
 from examples import shop
 from rabbitretry import OutboxRelay, Publisher, Worker, amqp, db
+from rabbitretry.delivery.worker import topology_of
 from rabbitretry.settings import Settings
 from rabbitretry.topology import declare
-from rabbitretry.worker import topology_of
 
 console = Console()
 

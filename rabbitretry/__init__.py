@@ -4,7 +4,8 @@ The broker carries messages; a Postgres ledger decides what happens to them.
 """
 
 from rabbitretry.consumer import Consumer, Context
-from rabbitretry.effects import TransactionRolledBack
+from rabbitretry.delivery.transaction import TransactionRolledBack
+from rabbitretry.delivery.worker import Worker
 from rabbitretry.errors import (
     ConfigurationError,
     ConnectionLost,
@@ -22,7 +23,6 @@ from rabbitretry.reconciler import Reconciler
 from rabbitretry.reconciliation import Expected, Reconciliation
 from rabbitretry.retry import RetryPolicy
 from rabbitretry.topology.model import Binding, Exchange, Topology, WorkQueue
-from rabbitretry.worker import Worker
 
 __all__ = [
     "Binding",

@@ -36,10 +36,6 @@ IncomingMessage = AbstractIncomingMessage
 Channel = AbstractChannel
 Connection = AbstractRobustConnection
 
-# Headers the broker writes when it dead-letters a message. A copy republished with them is
-# silently dropped as a dead-letter cycle on its second pass through the delay ladder.
-BROKER_HEADERS = ("x-death", "x-first-death-", "x-last-death-", "x-delivery-count")
-
 CHANNEL_ERRORS = (
     aiormq.exceptions.AMQPError,
     aiormq.exceptions.ChannelInvalidStateError,  # a RuntimeError, not an AMQPError
@@ -119,12 +115,6 @@ class Prober:
         traceback: TracebackType | None,
     ) -> None:
         await self.close()
-
-
-def without_broker_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
-    return {
-        key: value for key, value in (headers or {}).items() if not key.startswith(BROKER_HEADERS)
-    }
 
 
 class ConfirmingPublisher:

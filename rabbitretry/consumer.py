@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from pydantic import TypeAdapter
 
 from rabbitretry.db import Connection
-from rabbitretry.effects import Effects
+from rabbitretry.delivery.transaction import HandlerTransaction
 from rabbitretry.errors import ConfigurationError
 from rabbitretry.retry import RetryPolicy
 from rabbitretry.topology.model import Binding, QueueType, WorkQueue
@@ -50,7 +50,7 @@ class Context:
     headers: Mapping[str, Any] = field(default_factory=dict)
     x_death: Sequence[Mapping[str, Any]] = ()
     """The broker's dead-letter history: a hint for logs, never used to decide anything."""
-    effects: Effects | None = field(default=None, repr=False, compare=False)
+    handler_transaction: HandlerTransaction | None = field(default=None, repr=False, compare=False)
 
     def transaction(self) -> contextlib.AbstractAsyncContextManager[Connection]:
         """A connection in a transaction that commits with the ledger's success mark.
@@ -64,12 +64,12 @@ class Context:
         ``succeeded`` mark, so the effects happen exactly once. If the handler raises, they
         roll back and the attempt is retried.
         """
-        if self.effects is None:
+        if self.handler_transaction is None:
             raise RuntimeError(
                 "this Context has no database: it was not made by a worker "
                 "(in a unit test, use rabbitretry.testing.handle(..., connection=...))"
             )
-        return self.effects.scope()
+        return self.handler_transaction.scope()
 
     @property
     def is_last_attempt(self) -> bool:

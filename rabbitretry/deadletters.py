@@ -12,10 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rabbitretry import ledger
-from rabbitretry.amqp import ConfirmingPublisher, without_broker_headers
+from rabbitretry import headers, ledger
+from rabbitretry.amqp import ConfirmingPublisher
 from rabbitretry.db import Pool, Record, query
-from rabbitretry.processing import ATTEMPTS_HEADER
 
 
 async def replay_one(
@@ -54,7 +53,7 @@ async def replay_one(
             snapshot.body if body is None else body,
             routing_key=key.queue,
             message_id=key.message_id,
-            headers={**without_broker_headers(snapshot.headers), ATTEMPTS_HEADER: row["attempts"]},
+            headers=headers.republished(snapshot.headers, row["attempts"]),
             properties=snapshot.properties,
         )
     return True

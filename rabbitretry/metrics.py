@@ -25,12 +25,11 @@ from prometheus_client.registry import Collector
 
 from rabbitretry import db, heartbeat, levels
 from rabbitretry.db import UNAVAILABLE, Executor, Pool, query
-from rabbitretry.processing import Outcome
+from rabbitretry.delivery.outcome import FINISHED, Outcome
 
 log = logging.getLogger("rabbitretry.metrics")
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-FINISHED = ("succeeded", "dead", "skipped")
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400)
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50)

@@ -36,12 +36,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from rabbitretry import amqp, heartbeat, ledger, validity
+from rabbitretry import amqp, headers, heartbeat, ledger, validity
 from rabbitretry.consumer import Consumer
 from rabbitretry.db import UNAVAILABLE, Pool, Record, query
 from rabbitretry.errors import ConnectionLost, PublishError
 from rabbitretry.outbox import publish_row
-from rabbitretry.processing import ATTEMPTS_HEADER
 from rabbitretry.publisher import encode
 from rabbitretry.reconciliation import Expected, Reconciliation, WindowReport, classify
 
@@ -231,15 +230,13 @@ class Reconciler:
     async def _publish_row(self, row: Record, report: RunReport) -> bool:
         """Re-publish a row's snapshot to its work queue; False (and recorded) on a refusal."""
         snapshot = ledger.snapshot_of(row)
-        headers = amqp.without_broker_headers(snapshot.headers)
-        headers[ATTEMPTS_HEADER] = row["attempts"]
         await self._limiter.wait()
         try:
             await self._publisher_or_fail().publish(
                 snapshot.body,
                 routing_key=row["queue"],
                 message_id=row["message_id"],
-                headers=headers,
+                headers=headers.republished(snapshot.headers, row["attempts"]),
                 properties=amqp.restore_properties(snapshot.properties),
             )
         except ConnectionLost:

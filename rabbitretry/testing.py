@@ -30,17 +30,20 @@ import random
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, TypeVar, cast
 
-import pydantic
 from pydantic import BaseModel
 
-from rabbitretry import validity
 from rabbitretry.consumer import Consumer, Context
 from rabbitretry.db import Connection, Pool
-from rabbitretry.effects import AttemptTransaction, Effects, TransactionRolledBack
-from rabbitretry.failure import Failure, describe, rejection
-from rabbitretry.handling import run_handler, validation_summary
+from rabbitretry.delivery.attempt import oversize, run_attempt
+from rabbitretry.delivery.outcome import Decided
+from rabbitretry.delivery.transaction import (
+    AttemptTransaction,
+    HandlerTransaction,
+    TransactionRolledBack,
+)
+from rabbitretry.failure import Failure, rejection
 from rabbitretry.outbox import Outbox
 from rabbitretry.publisher import Publisher, encode, new_message_id
 
@@ -65,7 +68,8 @@ class MissingConnection(RuntimeError):
 class Result:
     """What a worker would do with the message after this attempt."""
 
-    outcome: Literal["succeeded", "retry", "dead", "skipped"]
+    outcome: Decided
+    """``succeeded``, ``retrying``, ``dead`` or ``skipped``: the ledger status it would reach."""
     reason: str | None = None
     """Why dead (``invalid-payload``, ``too-large``, ``permanent-error``,
     ``attempts-exhausted``) or skipped (``expired``, or the reason ``should_skip`` gave)."""
@@ -132,7 +136,7 @@ async def handle(
 
 @dataclass
 class _Attempt:
-    """The worker's steps for one attempt (processing.Processor._attempt), minus the ledger."""
+    """One attempt through the worker's attempt core, minus the ledger."""
 
     ctx: Context
     connection: Any
@@ -141,46 +145,36 @@ class _Attempt:
     rng: random.Random
 
     async def run(self, consumer: Consumer[Any], body: bytes) -> Result:
-        consumer_type = type(consumer)
-        queue = self.ctx.queue
-        if len(body) > consumer_type.max_body_bytes:
-            detail = (
-                f"body of {len(body)} bytes is over the limit of "
-                f"{consumer_type.max_body_bytes} bytes"
-            )
-            return Result("dead", "too-large", failure=rejection(queue, "too-large", detail))
-        try:
-            payload = consumer_type.parse(body)
-        except pydantic.ValidationError as error:
-            failure = rejection(queue, "invalid-payload", validation_summary(error))
-            return Result("dead", "invalid-payload", error=error, failure=failure)
-        try:
-            skip = await validity.skip_reason(consumer, payload, self.ctx, self.born, self.now)
-            if skip is not None:
-                return Result("skipped", skip)
-            effects = await run_handler(consumer, payload, self.ctx, self._new_effects)
-        except Exception as error:
-            return self._failed(consumer_type, error)
-        if isinstance(effects, AttemptTransaction) and effects.open:
-            await effects.commit_with(_nothing_to_mark)
-        return Result("succeeded")
+        too_large = oversize(type(consumer), body)
+        if too_large is not None:
+            failure = rejection(self.ctx.queue, "too-large", too_large)
+            return Result("dead", "too-large", failure=failure)
+        result = await run_attempt(
+            consumer,
+            body,
+            self.ctx,
+            born=self.born,
+            now=self.now,
+            new_transaction=self._new_transaction,
+            rng=self.rng,
+        )
+        error = result.error
+        missing = (
+            error if isinstance(error, MissingConnection) else getattr(error, "__cause__", None)
+        )
+        if isinstance(missing, MissingConnection):
+            raise missing  # a mistake in the test, not an outcome of the handler
+        transaction = result.transaction
+        if isinstance(transaction, AttemptTransaction) and transaction.open:
+            await transaction.commit_with(_nothing_to_mark)
+        return Result(result.outcome, result.reason, result.delay, result.error, result.failure)
 
-    def _new_effects(self) -> Effects:
+    def _new_transaction(self) -> HandlerTransaction:
         if isinstance(self.connection, Connection):
             # The worker's own transaction class, lent the test's connection instead of a
             # pool: inside the test's transaction its transaction is a savepoint.
             return AttemptTransaction(cast(Pool, _Lender(self.connection)))
         return _FakeTransaction(self.connection)
-
-    def _failed(self, consumer_type: type[Consumer[Any]], error: Exception) -> Result:
-        missing = error if isinstance(error, MissingConnection) else error.__cause__
-        if isinstance(missing, MissingConnection):
-            raise missing  # a mistake in the test, not an outcome of the handler
-        failure = describe(self.ctx.queue, error)
-        decision = consumer_type.retry.decide(error, self.ctx.attempt, self.rng)
-        if decision.action == "dead":
-            return Result("dead", decision.reason, error=error, failure=failure)
-        return Result("retry", delay=decision.delay, error=error, failure=failure)
 
 
 async def _nothing_to_mark(conn: Connection) -> bool:

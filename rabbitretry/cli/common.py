@@ -18,11 +18,11 @@ import typer
 from rich.console import Console
 
 from rabbitretry.consumer import Consumer
+from rabbitretry.delivery.worker import topology_of
 from rabbitretry.errors import ConfigurationError, RabbitRetryError
 from rabbitretry.operations import OperationError
 from rabbitretry.settings import Settings
 from rabbitretry.topology import Topology, load_many
-from rabbitretry.worker import topology_of
 
 P = ParamSpec("P")
 T = TypeVar("T")

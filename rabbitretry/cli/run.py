@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from rabbitretry.cli.common import configure_logging, load_consumer, run_async, settings
+from rabbitretry.delivery.worker import Worker
 from rabbitretry.metrics import worker_endpoint
-from rabbitretry.worker import Worker
 
 
 @run_async

@@ -1,4 +1,4 @@
--- Ledger writes of concurrent attempts, committed together (see rabbitretry/batching.py).
+-- Ledger writes of concurrent attempts, committed together (see rabbitretry/ledger/commits.py).
 
 -- name: batching_claim
 -- One claim (the `claim` statement). A claim that succeeds commits without waiting for its

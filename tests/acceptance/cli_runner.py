@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from rabbitretry import Consumer, amqp
-from rabbitretry.worker import topology_of
+from rabbitretry.delivery.worker import topology_of
 from tests.integration.conftest import BrokerCleanup
 
 __all__ = ["CLI", "ROOT", "Run", "broker_cleanup_fixture", "cleanup_fixture", "rabbitretry_fixture"]

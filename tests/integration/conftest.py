@@ -9,8 +9,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from rabbitretry import Consumer, amqp
+from rabbitretry.delivery.worker import topology_of
 from rabbitretry.topology import Topology
-from rabbitretry.worker import topology_of
 from tests.proxy import Proxy
 
 

@@ -13,7 +13,7 @@ import aio_pika
 import asyncpg
 
 from rabbitretry.consumer import Consumer
-from rabbitretry.worker import Worker
+from rabbitretry.delivery.worker import Worker
 
 
 async def publish(

@@ -9,9 +9,9 @@ import asyncpg
 import pytest
 
 from rabbitretry import Consumer, Context
-from rabbitretry.batching import ClaimRequest, LedgerCommits, SuccessRequest
 from rabbitretry.db import query
 from rabbitretry.ledger import Key, Snapshot
+from rabbitretry.ledger.commits import ClaimRequest, LedgerCommits, SuccessRequest
 from tests.integration.harness import publish, running_worker, wait_for
 
 pytestmark = pytest.mark.asyncio

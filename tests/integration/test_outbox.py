@@ -15,10 +15,10 @@ import pytest
 from examples import shop
 from rabbitretry import Consumer, Topology, UnroutableError, WorkQueue
 from rabbitretry.amqp import ConfirmingPublisher, Connection, connect
+from rabbitretry.delivery.worker import topology_of
 from rabbitretry.outbox import Outbox, OutboxRelay
 from rabbitretry.publisher import Publisher
 from rabbitretry.topology import Binding, Exchange, declare
-from rabbitretry.worker import topology_of
 from tests.integration.conftest import BrokerCleanup
 from tests.integration.harness import queue_depth, running_worker, wait_for
 from tests.proxy import Proxy

@@ -30,12 +30,12 @@ from rabbitretry import (
     ledger,
     naming,
 )
+from rabbitretry.delivery.worker import topology_of
 from rabbitretry.errors import ServiceUnavailable
 from rabbitretry.failure import describe
 from rabbitretry.reconciler import Reconciler
 from rabbitretry.reconciliation import Expected, Reconciliation
 from rabbitretry.topology import declare
-from rabbitretry.worker import topology_of
 from tests.integration.conftest import BrokerCleanup
 from tests.integration.harness import publish, queue_depth, running_worker, wait_for, wait_status
 

@@ -50,6 +50,6 @@ async def test_a_real_connection_sees_effects_that_the_tests_rollback_removes(
             assert [tuple(row) for row in rows] == [("testing.points:m-1", 10)]
         finally:
             await transaction.rollback()
-    assert (ok.outcome, failed.outcome) == ("succeeded", "retry")
+    assert (ok.outcome, failed.outcome) == ("succeeded", "retrying")
     assert isinstance(failed.error, ValueError)
     assert await pool.fetchval("SELECT count(*) FROM points_flow") == 0

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rabbitretry.batching import CommitGroup
+from rabbitretry.ledger.commits import CommitGroup
 
 
 class FakeConn:

@@ -11,9 +11,9 @@ import pytest
 from pydantic import BaseModel, Field, ValidationError
 
 from rabbitretry import Consumer, Context, Permanent, Retry, RetryPolicy, testing
-from rabbitretry.effects import TransactionRolledBack
+from rabbitretry.delivery.attempt import validation_summary
+from rabbitretry.delivery.transaction import TransactionRolledBack
 from rabbitretry.failure import describe, fingerprint
-from rabbitretry.handling import validation_summary
 
 pytestmark = pytest.mark.asyncio
 
@@ -79,7 +79,7 @@ async def test_a_body_may_be_a_model_a_json_value_text_or_bytes(body: Any) -> No
 
 async def test_a_retryable_error_retries_after_the_policys_delay() -> None:
     result = await testing.handle(Award, {"order_id": "flaky", "points": 1}, attempt=2)
-    assert result.outcome == "retry"
+    assert result.outcome == "retrying"
     assert isinstance(result.error, Flaky)
     # Attempt 2 waits 2 * 2 s before the third, jittered by ±20 %.
     assert result.delay is not None and 3.2 <= result.delay <= 4.8
@@ -101,7 +101,7 @@ async def test_retry_delays_are_reproducible_and_follow_the_rng() -> None:
 
 async def test_retry_with_a_delay_uses_that_delay() -> None:
     result = await testing.handle(Award, {"order_id": "later", "points": 1})
-    assert (result.outcome, result.delay) == ("retry", 42.0)
+    assert (result.outcome, result.delay) == ("retrying", 42.0)
 
 
 async def test_permanent_is_dead_at_once() -> None:
@@ -158,7 +158,7 @@ async def test_a_handler_over_its_timeout_fails_the_attempt() -> None:
             await asyncio.Event().wait()  # never set: only the timeout ends this
 
     result = await testing.handle(Stuck, PAID)
-    assert result.outcome == "retry"
+    assert result.outcome == "retrying"
     assert isinstance(result.error, TimeoutError)
 
 
@@ -190,7 +190,7 @@ async def test_immediate_retries_that_all_fail_end_the_attempt() -> None:
             raise ConnectionError("down")
 
     result = await testing.handle(Down, PAID)
-    assert result.outcome == "retry"
+    assert result.outcome == "retrying"
     assert calls == [1, 1, 1]
 
 
@@ -239,7 +239,7 @@ async def test_an_error_in_should_skip_fails_the_attempt() -> None:
             raise LookupError("order service down")
 
     result = await testing.handle(Broken, PAID)
-    assert result.outcome == "retry"
+    assert result.outcome == "retrying"
     assert isinstance(result.error, LookupError)
 
 
@@ -345,7 +345,7 @@ async def test_a_swallowed_rollback_fails_the_attempt_as_in_a_worker() -> None:
                 pass
 
     result = await testing.handle(Swallow, PAID, connection=FakeConnection())
-    assert result.outcome == "retry"
+    assert result.outcome == "retrying"
     assert isinstance(result.error, TransactionRolledBack)
 
 

@@ -26,7 +26,7 @@ class TransactionRolledBack(RabbitRetryError):
     """
 
 
-class Effects(Protocol):
+class HandlerTransaction(Protocol):
     """What an attempt's transaction offers the handler and the code that runs it.
 
     :class:`AttemptTransaction` in a worker; ``rabbitretry.testing`` puts a stand-in here.

@@ -29,9 +29,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from rabbitretry import ledger
 from rabbitretry.db import Connection, Pool, query
-from rabbitretry.ledger import Claim, Key, Snapshot
+from rabbitretry.ledger import statements
+from rabbitretry.ledger.statements import Claim, Key, Snapshot
 
 Request = TypeVar("Request")
 Result = TypeVar("Result")
@@ -178,7 +178,7 @@ class LedgerCommits:
 
 
 async def _claim_one(conn: Connection, r: ClaimRequest) -> Claim:
-    return await ledger.claim(
+    return await statements.claim(
         conn,
         r.key,
         max_attempts=r.max_attempts,
@@ -210,14 +210,14 @@ async def _claim_group(conn: Connection, requests: Sequence[ClaimRequest]) -> li
     )
     claims: list[Claim | None] = [None] * len(requests)
     for row in rows:
-        claims[order[row["ord"] - 1]] = ledger.claim_of(row)
+        claims[order[row["ord"] - 1]] = statements.claim_of(row)
     if any(c is None for c in claims):
         raise RuntimeError("a grouped claim returned fewer rows than it was given")
     return [c for c in claims if c is not None]
 
 
 async def _success_one(conn: Connection, r: SuccessRequest) -> bool:
-    return await ledger.finish(conn, r.key, r.attempt, "succeeded")
+    return await statements.finish(conn, r.key, r.attempt, "succeeded")
 
 
 async def _success_group(conn: Connection, requests: Sequence[SuccessRequest]) -> list[bool]:

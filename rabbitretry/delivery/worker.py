@@ -21,8 +21,9 @@ from typing import Any
 from rabbitretry import amqp, db
 from rabbitretry.amqp import ConfirmingPublisher, IncomingMessage
 from rabbitretry.consumer import Consumer
+from rabbitretry.delivery.outcome import Outcome
+from rabbitretry.delivery.pipeline import Pipeline
 from rabbitretry.errors import ConfigurationError
-from rabbitretry.processing import Outcome, Processor
 from rabbitretry.topology import Exchange, Topology, declare, verify
 
 log = logging.getLogger("rabbitretry.worker")
@@ -150,15 +151,15 @@ class Worker:
         # and their consumers after a reconnect.
         queue = await channel.declare_queue(type(consumer).queue, passive=True)
         publisher = await ConfirmingPublisher.open(publish_conn)
-        processor = Processor(consumer, pool, publisher, f"{self.name}:{slot}")
+        pipeline = Pipeline(consumer, pool, publisher, f"{self.name}:{slot}")
 
         async def attempt(message: IncomingMessage) -> None:
             try:
-                outcome = await processor.process(message)
+                outcome = await pipeline.process(message)
                 self.outcomes.append(outcome)
                 del self.outcomes[:-10_000]
                 if self.on_outcome is not None:
-                    await self.on_outcome(processor.queue, outcome)
+                    await self.on_outcome(pipeline.queue, outcome)
             except Exception:
                 log.exception("unexpected error processing a delivery; the broker redelivers it")
 

@@ -1,4 +1,4 @@
-"""One delivery through the pipeline: identify, claim, validate, handle, record, then ack.
+"""One delivery's I/O: identify, claim, run the attempt core, record, publish, then settle.
 
 The ledger is written before the broker is told anything, so a crash at any point leaves a
 row that says what must happen next. A copy is acked only once the ledger (and, for retries
@@ -12,49 +12,33 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-import pydantic
-
-from rabbitretry import batching, ledger, naming, validity
+from rabbitretry import headers, naming
 from rabbitretry.amqp import (
     CHANNEL_ERRORS,
     ConfirmingPublisher,
     IncomingMessage,
     message_properties,
-    without_broker_headers,
 )
 from rabbitretry.consumer import Consumer, Context
-from rabbitretry.db import UNAVAILABLE, Connection, Pool
-from rabbitretry.effects import AttemptTransaction
+from rabbitretry.db import UNAVAILABLE, Pool
+from rabbitretry.delivery.attempt import AttemptResult, oversize, run_attempt
+from rabbitretry.delivery.outcome import Outcome
+from rabbitretry.delivery.transaction import AttemptTransaction
 from rabbitretry.errors import PublishError
-from rabbitretry.failure import Failure, describe, rejection
-from rabbitretry.handling import run_handler, validation_summary
-from rabbitretry.ledger import Claim, Key, Snapshot
+from rabbitretry.failure import Failure, rejection
+from rabbitretry.ledger import AttemptLedger, Claim, ClaimRequest, Key, Snapshot
 
 log = logging.getLogger("rabbitretry.worker")
 
-ATTEMPTS_HEADER = "x-rabbitretry-attempts"
 REQUEUE_PAUSE = 1.0  # seconds before requeueing a delivery we could not settle
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What became of one delivery, for logs, metrics and tests."""
-
-    key: Key | None
-    result: str  # succeeded, retrying, dead, skipped, dropped, parked, interrupted, requeued
-    attempt: int = 0
-    handler_seconds: float | None = None  # None when the handler did not run
-    published_at: datetime | None = None  # the message's timestamp property, when set
-    received_at: datetime | None = None  # when this delivery reached the worker
-
-
-class Processor:
+class Pipeline:
     """Takes deliveries of one consumer's queue through the pipeline."""
 
     def __init__(
@@ -73,7 +57,7 @@ class Processor:
         self.dead_queue = work_queue.dead_queue_name
         self.ladder = work_queue.ladder
         self.policy = type(consumer).retry
-        self.commits = batching.commits_for(pool)
+        self.ledger = AttemptLedger(pool)
 
     async def process(self, message: IncomingMessage) -> Outcome:
         received_at = datetime.now(UTC)
@@ -107,18 +91,13 @@ class Processor:
                 snapshot,
             )
         key = Key(self.queue, message.message_id)
-        size_limit = type(self.consumer).max_body_bytes
-        if len(message.body) > size_limit:
-            return await self._reject(
-                key,
-                "too-large",
-                f"body of {len(message.body)} bytes is over the limit of {size_limit} bytes",
-                snapshot,
-            )
+        too_large = oversize(type(self.consumer), message.body)
+        if too_large is not None:
+            return await self._reject(key, "too-large", too_large, snapshot)
 
-        copy_attempts = _int_header(message, ATTEMPTS_HEADER)
-        claim = await self.commits.claims.submit(
-            batching.ClaimRequest(
+        copy_attempts = headers.attempts_of(message.headers)
+        claim = await self.ledger.claim(
+            ClaimRequest(
                 key,
                 max_attempts=self.policy.max_attempts,
                 lease_seconds=type(self.consumer).lease,
@@ -136,7 +115,7 @@ class Processor:
             return Outcome(key, "parked", claim.attempt)
         if claim.verdict == "exhausted":
             log.error("%s: dead after %d attempts: the worker died in the last", key, claim.attempt)
-            row = await ledger.get(self.pool, key)
+            row = await self.ledger.get(key)
             failure = rejection(self.queue, "WorkerLost", row["error_message"] if row else "")
             await self._publish_dead(key, snapshot, "crashed", failure, claim.attempt)
             return Outcome(key, "dead", claim.attempt)
@@ -145,13 +124,6 @@ class Processor:
     async def _attempt(
         self, message: IncomingMessage, key: Key, claim: Claim, snapshot: Snapshot
     ) -> Outcome:
-        try:
-            payload = type(self.consumer).parse(message.body)
-        except pydantic.ValidationError as error:
-            failure = rejection(self.queue, "invalid-payload", validation_summary(error))
-            await self._dead(key, claim.attempt, "invalid-payload", failure, snapshot)
-            return Outcome(key, "dead", claim.attempt)
-
         ctx = Context(
             queue=self.queue,
             message_id=key.message_id,
@@ -159,78 +131,70 @@ class Processor:
             max_attempts=self.policy.max_attempts,
             redelivered=bool(message.redelivered),
             headers=dict(message.headers or {}),
-            x_death=_x_death(message),
+            x_death=headers.x_death(message.headers),
         )
         born = await self._born(message, key)
         try:
-            skip = await validity.skip_reason(self.consumer, payload, ctx, born, datetime.now(UTC))
-        except Exception as error:
-            return await self._failed(key, claim, error, snapshot)
-        if skip is not None:
-            log.info("%s: skipped (%s), the handler is not called", key, skip)
-            await ledger.finish(self.pool, key, claim.attempt, "skipped", reason=skip)
-            return Outcome(key, "skipped", claim.attempt)
-        started = time.monotonic()
-        try:
             async with self._lease_kept(key, claim.attempt):
-                effects = await self._run_handler(payload, ctx)
+                result = await run_attempt(
+                    self.consumer,
+                    message.body,
+                    ctx,
+                    born=born,
+                    now=datetime.now(UTC),
+                    new_transaction=lambda: AttemptTransaction(self.pool),
+                )
         except asyncio.CancelledError:
-            await asyncio.shield(ledger.interrupt(self.pool, key, claim.attempt))
+            await asyncio.shield(self.ledger.interrupt(key, claim.attempt))
             log.warning("%s: attempt %d interrupted by shutdown, requeued", key, claim.attempt)
             raise
-        except Exception as error:
-            handler_seconds = time.monotonic() - started
-            outcome = await self._failed(key, claim, error, snapshot)
-            return replace(outcome, handler_seconds=handler_seconds)
-        handler_seconds = time.monotonic() - started
+        outcome = await self._record(key, claim, snapshot, result)
+        return replace(outcome, handler_seconds=result.handler_seconds)
 
-        async def mark_succeeded(conn: Connection | Pool) -> bool:
-            return await ledger.finish(conn, key, claim.attempt, "succeeded")
+    async def _record(
+        self, key: Key, claim: Claim, snapshot: Snapshot, result: AttemptResult
+    ) -> Outcome:
+        """Write the attempt's decision to the ledger, then publish what follows from it."""
+        if result.outcome == "succeeded":
+            return await self._succeeded(key, claim, result)
+        if result.outcome == "skipped":
+            log.info("%s: skipped (%s), the handler is not called", key, result.reason)
+            await self.ledger.finish(key, claim.attempt, "skipped", reason=result.reason or "")
+            return Outcome(key, "skipped", claim.attempt)
+        assert result.failure is not None
+        if result.outcome == "dead":
+            log.error(
+                "%s: dead (%s) after attempt %d: %s: %s",
+                key,
+                result.reason,
+                claim.attempt,
+                result.failure.type,
+                result.failure.message,
+            )
+            await self._dead(key, claim.attempt, result.reason or "", result.failure, snapshot)
+            return Outcome(key, "dead", claim.attempt)
+        return await self._retrying(key, claim, snapshot, result.delay or 0.0, result.failure)
 
-        committed = (
-            await effects.commit_with(mark_succeeded)
-            if effects.open
-            else await self.commits.successes.submit(batching.SuccessRequest(key, claim.attempt))
-        )
+    async def _succeeded(self, key: Key, claim: Claim, result: AttemptResult) -> Outcome:
+        transaction = result.transaction
+        if not (isinstance(transaction, AttemptTransaction) and transaction.open):
+            transaction = None  # the handler used no transaction: a grouped success mark
+        in_transaction = transaction is not None
+        committed = await self.ledger.succeed(key, claim.attempt, transaction)
         if not committed:
             log.warning(
                 "%s: attempt %d finished after losing its claim to another attempt%s",
                 key,
                 claim.attempt,
-                "; its transaction was rolled back" if effects.open else "",
+                "; its transaction was rolled back" if in_transaction else "",
             )
             return Outcome(key, "dropped", claim.attempt)
-        return Outcome(key, "succeeded", claim.attempt, handler_seconds)
+        return Outcome(key, "succeeded", claim.attempt)
 
-    async def _born(self, message: IncomingMessage, key: Key) -> datetime | None:
-        """When the message was published, else first seen; only looked up if it can expire."""
-        if type(self.consumer).expires_after is None or message.timestamp is not None:
-            return message.timestamp
-        row = await ledger.get(self.pool, key)
-        return row["first_seen"] if row else None
-
-    async def _run_handler(self, payload: Any, ctx: Context) -> AttemptTransaction:
-        """Run the handler (with in-process retries); the transaction of the try that worked."""
-        return await run_handler(self.consumer, payload, ctx, lambda: AttemptTransaction(self.pool))
-
-    async def _failed(
-        self, key: Key, claim: Claim, error: Exception, snapshot: Snapshot
+    async def _retrying(
+        self, key: Key, claim: Claim, snapshot: Snapshot, delay: float, failure: Failure
     ) -> Outcome:
-        failure = describe(self.queue, error)
-        decision = self.policy.decide(error, claim.budget_attempt)
-        if decision.action == "dead":
-            log.error(
-                "%s: dead (%s) after attempt %d: %s: %s",
-                key,
-                decision.reason,
-                claim.attempt,
-                failure.type,
-                failure.message,
-            )
-            await self._dead(key, claim.attempt, decision.reason, failure, snapshot)
-            return Outcome(key, "dead", claim.attempt)
-
-        wait = await ledger.schedule_retry(self.pool, key, claim.attempt, decision.delay, failure)
+        wait = await self.ledger.schedule_retry(key, claim.attempt, delay, failure)
         if wait is None:
             log.warning("%s: attempt %d failed after losing its lease", key, claim.attempt)
             return Outcome(key, "dropped", claim.attempt)
@@ -243,26 +207,26 @@ class Processor:
             wait,
         )
         await self._publish_delayed(key, snapshot, wait, claim.attempt)
-        await ledger.confirm_retry_copy(self.pool, key, claim.attempt)
+        await self.ledger.confirm_retry_copy(key, claim.attempt)
         return Outcome(key, "retrying", claim.attempt)
+
+    async def _born(self, message: IncomingMessage, key: Key) -> datetime | None:
+        """When the message was published, else first seen; only looked up if it can expire."""
+        if type(self.consumer).expires_after is None or message.timestamp is not None:
+            return message.timestamp
+        row = await self.ledger.get(key)
+        return row["first_seen"] if row else None
 
     async def _dead(
         self, key: Key, attempt: int, reason: str, failure: Failure, snapshot: Snapshot
     ) -> None:
-        if await ledger.finish(self.pool, key, attempt, "dead", reason=reason, failure=failure):
+        if await self.ledger.finish(key, attempt, "dead", reason=reason, failure=failure):
             await self._publish_dead(key, snapshot, reason, failure, attempt)
 
-    async def _reject(
-        self,
-        key: Key,
-        reason: str,
-        detail: str,
-        snapshot: Snapshot,
-    ) -> Outcome:
+    async def _reject(self, key: Key, reason: str, detail: str, snapshot: Snapshot) -> Outcome:
         failure = rejection(self.queue, reason, detail)
         log.error("%s: dead on arrival (%s): %s", key, reason, detail)
-        stored = await ledger.record_rejected(
-            self.pool,
+        stored = await self.ledger.record_rejected(
             key,
             max_attempts=self.policy.max_attempts,
             reason=reason,
@@ -281,39 +245,38 @@ class Processor:
             snapshot.body,
             routing_key=naming.delay_queue(self.queue, rung),
             message_id=key.message_id,
-            headers={**without_broker_headers(snapshot.headers), ATTEMPTS_HEADER: attempts},
+            headers=headers.republished(snapshot.headers, attempts),
             properties=snapshot.properties,
         )
 
     async def _publish_dead(
         self, key: Key, snapshot: Snapshot, reason: str, failure: Failure, attempts: int
     ) -> None:
-        headers = {
-            **without_broker_headers(snapshot.headers),
-            ATTEMPTS_HEADER: attempts,
-            "x-rabbitretry-queue": self.queue,
-            "x-rabbitretry-reason": reason,
-            "x-rabbitretry-error-type": failure.type,
-            "x-rabbitretry-error": failure.message[:500],
-        }
         await self.publisher.publish(
             snapshot.body,
             routing_key=self.dead_queue,
             message_id=key.message_id,
-            headers=headers,
+            headers=headers.dead_letter(
+                snapshot.headers,
+                attempts,
+                queue=self.queue,
+                reason=reason,
+                error_type=failure.type,
+                error=failure.message,
+            ),
             properties=snapshot.properties,
         )
 
     @contextlib.asynccontextmanager
     async def _lease_kept(self, key: Key, attempt: int) -> AsyncIterator[None]:
-        """Renew the claim's lease every third of its length while the handler runs."""
+        """Renew the claim's lease every third of its length while the attempt runs."""
         lease = type(self.consumer).lease
 
         async def renew() -> None:
             while True:
                 await asyncio.sleep(lease / 3)
                 try:
-                    if not await ledger.renew_lease(self.pool, key, attempt, lease):
+                    if not await self.ledger.renew_lease(key, attempt, lease):
                         log.warning("%s: attempt %d lost its lease", key, attempt)
                         return
                 except UNAVAILABLE as error:
@@ -352,27 +315,8 @@ async def _settle(message: IncomingMessage, *, requeue: bool) -> None:
 def _snapshot(message: IncomingMessage) -> Snapshot:
     return Snapshot(
         body=message.body,
-        headers=without_broker_headers(message.headers),
+        headers=headers.without_broker_headers(message.headers),
         properties=message_properties(message),
         exchange=message.exchange or "",
         routing_key=message.routing_key or "",
-    )
-
-
-def _int_header(message: IncomingMessage, name: str) -> int:
-    value = (message.headers or {}).get(name)
-    if isinstance(value, int):
-        return value
-    try:
-        return int(str(value)) if value is not None else 0
-    except ValueError:
-        return 0
-
-
-def _x_death(message: IncomingMessage) -> list[dict[str, Any]]:
-    value = (message.headers or {}).get("x-death")
-    return (
-        [dict(entry) for entry in value if isinstance(entry, dict)]
-        if isinstance(value, list)
-        else []
     )

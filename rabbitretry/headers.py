@@ -1,0 +1,76 @@
+"""The headers rabbitretry reads and writes, and the recipe for a republished copy. Pure.
+
+Every copy rabbitretry publishes (a delay copy, a dead letter, a replay, a re-drive) is built
+from the message as it arrived, with the broker's dead-letter headers removed and the ledger's
+attempt count set: a copy republished with ``x-death`` is silently dropped as a dead-letter cycle
+on its second pass through the delay ladder, and ``x-death`` is only a hint anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+ATTEMPTS = "x-rabbitretry-attempts"
+"""The ledger's attempt count when the copy was published: an older copy is stale."""
+QUEUE = "x-rabbitretry-queue"
+REASON = "x-rabbitretry-reason"
+ERROR_TYPE = "x-rabbitretry-error-type"
+ERROR = "x-rabbitretry-error"
+MAX_ATTEMPTS_VALUE = 2**31 - 1  # an integer column
+ERROR_HEADER_LIMIT = 500  # characters of the error message carried on a dead letter
+
+# Headers the broker writes when it dead-letters a message.
+BROKER_HEADERS = ("x-death", "x-first-death-", "x-last-death-", "x-delivery-count")
+
+
+def without_broker_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {
+        key: value for key, value in (headers or {}).items() if not key.startswith(BROKER_HEADERS)
+    }
+
+
+def republished(headers: Mapping[str, Any] | None, attempts: int) -> dict[str, Any]:
+    """The headers of a copy republished by rabbitretry after ``attempts`` attempts."""
+    return {**without_broker_headers(headers), ATTEMPTS: attempts}
+
+
+def dead_letter(
+    headers: Mapping[str, Any] | None,
+    attempts: int,
+    *,
+    queue: str,
+    reason: str,
+    error_type: str,
+    error: str,
+) -> dict[str, Any]:
+    """The headers of a copy on the dead-letter queue: why it died, for people reading it."""
+    return {
+        **republished(headers, attempts),
+        QUEUE: queue,
+        REASON: reason,
+        ERROR_TYPE: error_type,
+        ERROR: error[:ERROR_HEADER_LIMIT],
+    }
+
+
+def attempts_of(headers: Mapping[str, Any] | None) -> int:
+    """The attempt count a copy carries; 0 when it carries none or nonsense.
+
+    Any producer can set this header, so the value is bounded to what the ledger stores.
+    """
+    value = (headers or {}).get(ATTEMPTS)
+    if not isinstance(value, int) or isinstance(value, bool):
+        try:
+            value = int(str(value)) if value is not None else 0
+        except ValueError:
+            return 0
+    return min(max(value, 0), MAX_ATTEMPTS_VALUE)
+
+
+def x_death(headers: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The broker's dead-letter history, as a hint for logs; empty when absent or malformed."""
+    value = (headers or {}).get("x-death")
+    if not isinstance(value, list):
+        return []
+    return [dict(entry) for entry in value if isinstance(entry, dict)]

@@ -1,0 +1,94 @@
+"""The one road for an attempt's ledger writes: claim, renew, finish, retry, interrupt, reject.
+
+The delivery pipeline writes the ledger only through :class:`AttemptLedger`. Claims and plain
+success marks of concurrent attempts go through the commit groups; a success mark whose handler
+used ``ctx.transaction()`` commits inside that transaction; everything else is one statement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Literal, Protocol
+
+from rabbitretry.db import Connection, Pool, Record
+from rabbitretry.failure import Failure
+from rabbitretry.ledger import statements
+from rabbitretry.ledger.commits import ClaimRequest, SuccessRequest, commits_for
+from rabbitretry.ledger.statements import Claim, Key, Snapshot
+
+
+class OpenTransaction(Protocol):
+    """The handler's open transaction, in which the success mark must commit."""
+
+    async def commit_with(self, mark: Callable[[Connection], Awaitable[bool]]) -> bool: ...
+
+
+class AttemptLedger:
+    """Ledger writes of the attempts of one worker (one pool)."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self._commits = commits_for(pool)
+
+    async def claim(self, request: ClaimRequest) -> Claim:
+        return await self._commits.claims.submit(request)
+
+    async def renew_lease(self, key: Key, attempt: int, lease_seconds: float) -> bool:
+        return await statements.renew_lease(self.pool, key, attempt, lease_seconds)
+
+    async def succeed(
+        self, key: Key, attempt: int, transaction: OpenTransaction | None = None
+    ) -> bool:
+        """Mark ``attempt`` succeeded (in ``transaction``, if the handler opened one)."""
+        if transaction is None:
+            return await self._commits.successes.submit(SuccessRequest(key, attempt))
+
+        async def mark(conn: Connection) -> bool:
+            return await statements.finish(conn, key, attempt, "succeeded")
+
+        return await transaction.commit_with(mark)
+
+    async def finish(
+        self,
+        key: Key,
+        attempt: int,
+        status: Literal["dead", "skipped"],
+        *,
+        reason: str,
+        failure: Failure | None = None,
+    ) -> bool:
+        return await statements.finish(
+            self.pool, key, attempt, status, reason=reason, failure=failure
+        )
+
+    async def schedule_retry(
+        self, key: Key, attempt: int, delay: float, failure: Failure
+    ) -> float | None:
+        return await statements.schedule_retry(self.pool, key, attempt, delay, failure)
+
+    async def confirm_retry_copy(self, key: Key, attempt: int) -> None:
+        await statements.confirm_retry_copy(self.pool, key, attempt)
+
+    async def interrupt(self, key: Key, attempt: int) -> bool:
+        return await statements.interrupt(self.pool, key, attempt)
+
+    async def record_rejected(
+        self,
+        key: Key,
+        *,
+        max_attempts: int,
+        reason: str,
+        failure: Failure,
+        snapshot: Snapshot,
+    ) -> bool:
+        return await statements.record_rejected(
+            self.pool,
+            key,
+            max_attempts=max_attempts,
+            reason=reason,
+            failure=failure,
+            snapshot=snapshot,
+        )
+
+    async def get(self, key: Key) -> Record | None:
+        return await statements.get(self.pool, key)
