@@ -24,6 +24,42 @@ Executor = Pool | Connection  # anything that runs a statement
 # What a lost or failing database connection raises.
 UNAVAILABLE = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncio.TimeoutError)
 
+# The database refuses this row's data, not the request: a NUL in text, a value out of range,
+# an index entry too large. Server-side data exceptions (class 22), integrity violations (23)
+# and program limits (54), and what asyncpg refuses to encode before sending.
+_CONTENT = (
+    asyncpg.DataError,
+    asyncpg.IntegrityConstraintViolationError,
+    asyncpg.ProgramLimitExceededError,
+    asyncpg.exceptions._base.DataError,
+    UnicodeError,
+    OverflowError,
+)
+# The database cannot be reached or is going away, or the statement lost a race it can win
+# on a second try (deadlock, serialization failure): nothing is wrong with the request.
+_OUTAGE = (
+    OSError,
+    asyncio.TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.OperatorInterventionError,
+    asyncpg.InsufficientResourcesError,
+    asyncpg.TransactionRollbackError,
+    asyncpg.InterfaceError,  # "connection is closed", and the like; not its DataError
+)
+
+
+def is_content_error(error: BaseException) -> bool:
+    """True when the database refused this row's data (the same request fails every time)."""
+    return isinstance(error, _CONTENT)
+
+
+def is_outage(error: BaseException) -> bool:
+    """True when the database is unreachable or busy: the same request may succeed later."""
+    if is_content_error(error):
+        return False
+    return isinstance(error, _OUTAGE)
+
+
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _MIGRATION_FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 _MIGRATION_LOCK = 0x7261_6262  # advisory lock key: one migrator at a time

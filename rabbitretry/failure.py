@@ -11,6 +11,8 @@ import re
 import traceback
 from dataclasses import dataclass
 
+from rabbitretry.storable import storable_text
+
 MAX_MESSAGE = 2_000
 MAX_TRACEBACK = 8_000
 
@@ -31,7 +33,12 @@ class Failure:
 
 
 def _bounded(text: str, limit: int) -> str:
-    """Text cut to ``limit`` characters, keeping the end (where a traceback says most)."""
+    """Text cut to ``limit`` characters, keeping the end (where a traceback says most).
+
+    NUL characters and lone surrogates are escaped: PostgreSQL refuses them in ``text``, and an
+    error message is free to contain anything its exception was given.
+    """
+    text = storable_text(text)
     if len(text) <= limit:
         return text
     return "…" + text[-(limit - 1) :]
@@ -41,13 +48,22 @@ def fingerprint(queue: str, error_type: str, message: str) -> str:
     normalized = message
     for pattern in _VARIABLE_PARTS:
         normalized = pattern.sub("?", normalized)
-    digest = hashlib.sha256(f"{queue}\0{error_type}\0{normalized}".encode()).hexdigest()
+    identity = f"{queue}\0{error_type}\0{normalized}"
+    digest = hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()
     return digest[:12]
+
+
+def message_of(error: BaseException) -> str:
+    """``str(error)``, or a stand-in when the exception cannot even say what it is."""
+    try:
+        return str(error) or type(error).__qualname__
+    except Exception as broken:
+        return f"<{type(error).__qualname__}: str() failed with {type(broken).__qualname__}>"
 
 
 def describe(queue: str, error: BaseException) -> Failure:
     error_type = type(error).__qualname__
-    message = _bounded(str(error) or error_type, MAX_MESSAGE)
+    message = _bounded(message_of(error), MAX_MESSAGE)
     trace = "".join(traceback.format_exception(error))
     return Failure(
         type=error_type,

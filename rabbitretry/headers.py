@@ -8,7 +8,10 @@ on its second pass through the delay ladder, and ``x-death`` is only a hint anyw
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 ATTEMPTS = "x-rabbitretry-attempts"
@@ -18,6 +21,8 @@ REASON = "x-rabbitretry-reason"
 ERROR_TYPE = "x-rabbitretry-error-type"
 ERROR = "x-rabbitretry-error"
 MAX_ATTEMPTS_VALUE = 2**31 - 1  # an integer column
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 ERROR_HEADER_LIMIT = 500  # characters of the error message carried on a dead letter
 
 # Headers the broker writes when it dead-letters a message.
@@ -32,7 +37,55 @@ def without_broker_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def republished(headers: Mapping[str, Any] | None, attempts: int) -> dict[str, Any]:
     """The headers of a copy republished by rabbitretry after ``attempts`` attempts."""
-    return {**without_broker_headers(headers), ATTEMPTS: attempts}
+    return {**publishable(without_broker_headers(headers)), ATTEMPTS: attempts}
+
+
+def publishable(table: Mapping[str, Any]) -> dict[str, Any]:
+    """``table`` with every value in a form the AMQP client encodes and the broker accepts.
+
+    What arrived is not always what can be sent again: the client decodes a header string that
+    is not valid UTF-8 into ``bytes``, which it then refuses to encode; a value restored from
+    the ledger may be a decimal the wire format cannot carry. Bytes stay bytes (as a byte
+    array), anything else that cannot travel travels as text.
+    """
+    return {str(key): _publishable(value) for key, value in table.items()}
+
+
+def _publishable(value: Any) -> Any:
+    if value is None or isinstance(value, bool | str | datetime | bytearray):
+        if isinstance(value, str) and not _is_utf8(value):
+            return bytearray(value.encode("utf-8", "surrogatepass"))
+        return value
+    if isinstance(value, int):
+        return value if INT64_MIN <= value <= INT64_MAX else str(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)  # NaN closes the connection
+    if isinstance(value, bytes | memoryview):
+        return bytearray(value)
+    if isinstance(value, Decimal):
+        return value if _is_amqp_decimal(value) else str(value)
+    if isinstance(value, Mapping):
+        return publishable(value)
+    if isinstance(value, list | tuple):
+        return [_publishable(item) for item in value]
+    return repr(value)
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _is_amqp_decimal(value: Decimal) -> bool:
+    exponent = value.as_tuple().exponent
+    if not isinstance(exponent, int):
+        return False
+    scale = max(0, -exponent)
+    mantissa = int(value.scaleb(scale))
+    return scale <= 255 and INT32_MIN <= mantissa <= INT32_MAX
 
 
 def dead_letter(

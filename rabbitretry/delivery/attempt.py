@@ -66,19 +66,23 @@ async def run_attempt(
 ) -> AttemptResult:
     """Take one claimed attempt from the body to a decision (``ctx.attempt`` is its number)."""
     consumer_type = type(consumer)
-    try:
-        payload = consumer_type.parse(body)
-    except pydantic.ValidationError as error:
-        failure = rejection(ctx.queue, "invalid-payload", validation_summary(error))
-        return AttemptResult("dead", "invalid-payload", error=error, failure=failure)
     started: float | None = None
     try:
+        try:
+            payload = consumer_type.parse(body)
+        except pydantic.ValidationError as error:
+            failure = rejection(ctx.queue, "invalid-payload", validation_summary(error))
+            return AttemptResult("dead", "invalid-payload", error=error, failure=failure)
         skip = await validity.skip_reason(consumer, payload, ctx, born, now)
         if skip is not None:
             return AttemptResult("skipped", skip)
         started = time.monotonic()
         transaction = await run_handler(consumer, payload, ctx, new_transaction)
-    except Exception as error:
+    except asyncio.CancelledError:
+        raise  # a shutdown: the caller records an interruption
+    except BaseException as error:
+        # Anything else is a bug: in a validator (pydantic passes a KeyError through), in
+        # should_skip, in the handler (even a BaseException), in the payload type itself.
         handler_seconds = None if started is None else time.monotonic() - started
         return replace(_failed(consumer_type, ctx, error, rng), handler_seconds=handler_seconds)
     return AttemptResult(
@@ -89,7 +93,7 @@ async def run_attempt(
 def _failed(
     consumer_type: type[Consumer[Any]],
     ctx: Context,
-    error: Exception,
+    error: BaseException,
     rng: random.Random | None,
 ) -> AttemptResult:
     failure = describe(ctx.queue, error)

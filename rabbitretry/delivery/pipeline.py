@@ -2,22 +2,32 @@
 
 The ledger is written before the broker is told anything, so a crash at any point leaves a
 row that says what must happen next. A copy is acked only once the ledger (and, for retries
-and dead letters, the broker's confirm of the successor copy) makes it redundant; when the
-ledger or the broker is unreachable the delivery is requeued instead, after a pause.
+and dead letters, the broker's confirm of the successor copy) makes it redundant.
+
+Every delivery is settled, whatever fails, and each kind of failure has its own road:
+
+- an *outage* (the ledger or the broker unreachable) closes that service's gate
+  (:mod:`rabbitretry.delivery.outage`) and requeues the delivery once the gate opens again;
+  nothing is charged;
+- *content* the ledger refuses (a ``message_id`` PostgreSQL cannot store) is dead at once,
+  reason ``unstorable``, kept under an escaped key;
+- a *bug* (any other exception) in the attempt is a failed attempt under the retry policy; in
+  our own code after the claim, the delivery is requeued and the claimed attempt counts, so the
+  crash-loop guard ends a loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from rabbitretry import headers, naming
+from rabbitretry import db, headers, naming
 from rabbitretry.amqp import (
     CHANNEL_ERRORS,
     ConfirmingPublisher,
@@ -25,17 +35,20 @@ from rabbitretry.amqp import (
     message_properties,
 )
 from rabbitretry.consumer import Consumer, Context
-from rabbitretry.db import UNAVAILABLE, Pool
+from rabbitretry.db import Pool
 from rabbitretry.delivery.attempt import AttemptResult, oversize, run_attempt
+from rabbitretry.delivery.outage import OutageGate
 from rabbitretry.delivery.outcome import Outcome
 from rabbitretry.delivery.transaction import AttemptTransaction
-from rabbitretry.errors import PublishError
-from rabbitretry.failure import Failure, rejection
+from rabbitretry.errors import ConnectionLost, PublishError
+from rabbitretry.failure import Failure, message_of, rejection
 from rabbitretry.ledger import AttemptLedger, Claim, ClaimRequest, Key, Snapshot
+from rabbitretry.storable import storable_text
 
 log = logging.getLogger("rabbitretry.worker")
 
-REQUEUE_PAUSE = 1.0  # seconds before requeueing a delivery we could not settle
+REQUEUE_PAUSE = 1.0  # seconds before requeueing a delivery after an unexpected error
+SHUTDOWN_CLAIM_WAIT = 5.0  # seconds a shutdown waits for a claim in flight, to give it back
 
 
 class Pipeline:
@@ -47,6 +60,9 @@ class Pipeline:
         pool: Pool,
         publisher: ConfirmingPublisher,
         worker_id: str,
+        *,
+        ledger_gate: OutageGate | None = None,
+        broker_gate: OutageGate | None = None,
     ) -> None:
         self.consumer = consumer
         self.pool = pool
@@ -58,33 +74,61 @@ class Pipeline:
         self.ladder = work_queue.ladder
         self.policy = type(consumer).retry
         self.ledger = AttemptLedger(pool)
+        self.ledger_gate = ledger_gate or OutageGate("ledger", self.ledger.reconnect)
+        self.broker_gate = broker_gate or OutageGate("broker", broker_probe(publisher))
 
     async def process(self, message: IncomingMessage) -> Outcome:
+        """Take one delivery to its outcome, and settle it: ack, or requeue. Never raises
+        (but for a shutdown's cancellation, after requeueing)."""
         received_at = datetime.now(UTC)
         try:
+            if not (await self.ledger_gate.passable() and await self.broker_gate.passable()):
+                return await self._requeue(message)
             outcome = await self._process(message)
         except asyncio.CancelledError:
             await _settle(message, requeue=True)
             raise
-        except UNAVAILABLE as error:
-            log.error("%s: the ledger is unreachable (%s); message requeued", self.queue, error)
-            return await self._requeue(message)
-        except PublishError as error:
-            log.error("%s: %s; message requeued, the ledger keeps its state", self.queue, error)
-            return await self._requeue(message)
+        except Exception as error:
+            return await self._unsettled(message, error)
+        if outcome.result == "requeued":
+            return await self._requeue(message, outcome)
         await _settle(message, requeue=False)
         return replace(outcome, published_at=message.timestamp, received_at=received_at)
 
-    async def _requeue(self, message: IncomingMessage) -> Outcome:
-        await asyncio.sleep(REQUEUE_PAUSE)
+    async def _unsettled(self, message: IncomingMessage, error: Exception) -> Outcome:
+        """A delivery whose outcome could not be recorded: requeue it, after a pause."""
+        if db.is_outage(error):
+            self.ledger_gate.report(error)
+        elif isinstance(error, ConnectionLost):
+            self.broker_gate.report(error)
+        elif isinstance(error, PublishError):
+            log.error("%s: %s; message requeued, the ledger keeps its state", self.queue, error)
+            await asyncio.sleep(REQUEUE_PAUSE)
+        else:
+            log.error(
+                "%s: unexpected error with message %r; requeued (a claimed attempt counts, so "
+                "a message that always meets it ends dead)",
+                self.queue,
+                storable_text(message.message_id or ""),
+                exc_info=error,
+            )
+            await asyncio.sleep(REQUEUE_PAUSE)
+        # Wait for the service to answer, so that the redelivery does not meet the outage.
+        await self.ledger_gate.passable()
+        await self.broker_gate.passable()
+        return await self._requeue(message)
+
+    async def _requeue(self, message: IncomingMessage, outcome: Outcome | None = None) -> Outcome:
         await _settle(message, requeue=True)
-        return Outcome(None, "requeued")
+        return outcome or Outcome(None, "requeued")
 
     async def _process(self, message: IncomingMessage) -> Outcome:
         snapshot = _snapshot(message)
         if not message.message_id:
+            # A key of its own for each such delivery: two of them must never collapse into
+            # one record, even with equal bodies.
             return await self._reject(
-                Key(self.queue, f"missing-id:{hashlib.sha256(message.body).hexdigest()[:20]}"),
+                Key(self.queue, f"missing-id:{uuid.uuid4().hex}"),
                 "missing-message-id",
                 "the message has no message_id property, so it cannot be deduplicated; "
                 "publish with a message_id (a business key) or replay it to assign one",
@@ -96,16 +140,27 @@ class Pipeline:
             return await self._reject(key, "too-large", too_large, snapshot)
 
         copy_attempts = headers.attempts_of(message.headers)
-        claim = await self.ledger.claim(
-            ClaimRequest(
-                key,
-                max_attempts=self.policy.max_attempts,
-                lease_seconds=type(self.consumer).lease,
-                worker=self.worker_id,
-                copy_attempts=copy_attempts,
-                snapshot=snapshot,
-            )
+        request = ClaimRequest(
+            key,
+            max_attempts=self.policy.max_attempts,
+            lease_seconds=type(self.consumer).lease,
+            worker=self.worker_id,
+            copy_attempts=copy_attempts,
+            snapshot=snapshot,
         )
+        try:
+            claim = await self._claim(request)
+        except Exception as error:
+            if db.is_content_error(error):
+                return await self._unstorable(key, snapshot, error)
+            if db.is_outage(error):
+                # The claim may have committed before its reply was lost: give it back once
+                # the ledger answers, so that the outage charges no attempt.
+                self.ledger_gate.report(error)
+                if await self.ledger_gate.passable():
+                    await self.ledger.release_claim(key, self.worker_id)
+                return Outcome(key, "requeued")
+            raise
         if claim.verdict in ("finished", "stale"):
             log.debug("%s: %s copy dropped (%s)", key, claim.verdict, claim.status)
             return Outcome(key, "dropped", claim.attempt)
@@ -119,7 +174,35 @@ class Pipeline:
             failure = rejection(self.queue, "WorkerLost", row["error_message"] if row else "")
             await self._publish_dead(key, snapshot, "crashed", failure, claim.attempt)
             return Outcome(key, "dead", claim.attempt)
-        return await self._attempt(message, key, claim, snapshot)
+        try:
+            return await self._attempt(message, key, claim, snapshot)
+        except asyncio.CancelledError:
+            # A shutdown, at any step of the attempt: it does not count.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.ledger.interrupt(key, claim.attempt))
+            log.warning("%s: attempt %d interrupted by shutdown, requeued", key, claim.attempt)
+            raise
+
+    async def _claim(self, request: ClaimRequest) -> Claim:
+        """The claim; a shutdown that arrives meanwhile gives back a claim that landed."""
+        claiming = asyncio.ensure_future(self.ledger.claim(request))
+        try:
+            return await asyncio.shield(claiming)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                claim = await asyncio.wait_for(claiming, SHUTDOWN_CLAIM_WAIT)
+                if claim.verdict == "claimed":
+                    await self.ledger.interrupt(request.key, claim.attempt)
+            raise
+
+    async def _unstorable(self, key: Key, snapshot: Snapshot, error: Exception) -> Outcome:
+        """The ledger refused this message's data: dead at once, under a key it accepts."""
+        stored_key = Key(self.queue, f"unstorable-id:{storable_text(key.message_id)}")
+        detail = (
+            f"the ledger cannot store this message ({type(error).__name__}: "
+            f"{message_of(error)}); it is kept under the escaped key {stored_key.message_id!r}"
+        )
+        return await self._reject(stored_key, "unstorable", detail, snapshot)
 
     async def _attempt(
         self, message: IncomingMessage, key: Key, claim: Claim, snapshot: Snapshot
@@ -134,20 +217,15 @@ class Pipeline:
             x_death=headers.x_death(message.headers),
         )
         born = await self._born(message, key)
-        try:
-            async with self._lease_kept(key, claim.attempt):
-                result = await run_attempt(
-                    self.consumer,
-                    message.body,
-                    ctx,
-                    born=born,
-                    now=datetime.now(UTC),
-                    new_transaction=lambda: AttemptTransaction(self.pool),
-                )
-        except asyncio.CancelledError:
-            await asyncio.shield(self.ledger.interrupt(key, claim.attempt))
-            log.warning("%s: attempt %d interrupted by shutdown, requeued", key, claim.attempt)
-            raise
+        async with self._lease_kept(key, claim.attempt):
+            result = await run_attempt(
+                self.consumer,
+                message.body,
+                ctx,
+                born=born,
+                now=datetime.now(UTC),
+                new_transaction=lambda: AttemptTransaction(self.pool),
+            )
         outcome = await self._record(key, claim, snapshot, result)
         return replace(outcome, handler_seconds=result.handler_seconds)
 
@@ -159,7 +237,10 @@ class Pipeline:
             return await self._succeeded(key, claim, result)
         if result.outcome == "skipped":
             log.info("%s: skipped (%s), the handler is not called", key, result.reason)
-            await self.ledger.finish(key, claim.attempt, "skipped", reason=result.reason or "")
+            if not await self.ledger.finish(
+                key, claim.attempt, "skipped", reason=result.reason or ""
+            ):
+                return await self._missed(key, claim.attempt, "skip mark")
             return Outcome(key, "skipped", claim.attempt)
         assert result.failure is not None
         if result.outcome == "dead":
@@ -171,7 +252,12 @@ class Pipeline:
                 result.failure.type,
                 result.failure.message,
             )
-            await self._dead(key, claim.attempt, result.reason or "", result.failure, snapshot)
+            reason = result.reason or ""
+            if not await self.ledger.finish(
+                key, claim.attempt, "dead", reason=reason, failure=result.failure
+            ):
+                return await self._missed(key, claim.attempt, "dead mark")
+            await self._publish_dead(key, snapshot, reason, result.failure, claim.attempt)
             return Outcome(key, "dead", claim.attempt)
         return await self._retrying(key, claim, snapshot, result.delay or 0.0, result.failure)
 
@@ -182,13 +268,10 @@ class Pipeline:
         in_transaction = transaction is not None
         committed = await self.ledger.succeed(key, claim.attempt, transaction)
         if not committed:
-            log.warning(
-                "%s: attempt %d finished after losing its claim to another attempt%s",
-                key,
-                claim.attempt,
-                "; its transaction was rolled back" if in_transaction else "",
+            what = (
+                "success mark (its transaction rolled back)" if in_transaction else "success mark"
             )
-            return Outcome(key, "dropped", claim.attempt)
+            return await self._missed(key, claim.attempt, what)
         return Outcome(key, "succeeded", claim.attempt)
 
     async def _retrying(
@@ -196,8 +279,7 @@ class Pipeline:
     ) -> Outcome:
         wait = await self.ledger.schedule_retry(key, claim.attempt, delay, failure)
         if wait is None:
-            log.warning("%s: attempt %d failed after losing its lease", key, claim.attempt)
-            return Outcome(key, "dropped", claim.attempt)
+            return await self._missed(key, claim.attempt, "retry mark")
         log.warning(
             "%s: attempt %d failed (%s: %s), retry in %.1f s",
             key,
@@ -217,11 +299,29 @@ class Pipeline:
         row = await self.ledger.get(key)
         return row["first_seen"] if row else None
 
-    async def _dead(
-        self, key: Key, attempt: int, reason: str, failure: Failure, snapshot: Snapshot
-    ) -> None:
-        if await self.ledger.finish(key, attempt, "dead", reason=reason, failure=failure):
-            await self._publish_dead(key, snapshot, reason, failure, attempt)
+    async def _missed(self, key: Key, attempt: int, what: str) -> Outcome:
+        """A final write matched no row: ack only if the ledger says another owns the work.
+
+        The row may have moved on (finished, or a later attempt took over after our lease ran
+        out), or our claim may have been lost with a database crash: then only a requeue
+        keeps the message.
+        """
+        if await self.ledger.owned_elsewhere(key, attempt):
+            log.warning(
+                "%s: the %s of attempt %d matched no row: another attempt owns the work now",
+                key,
+                what,
+                attempt,
+            )
+            return Outcome(key, "dropped", attempt)
+        log.warning(
+            "%s: the %s of attempt %d matched no row and nothing else owns the work "
+            "(a claim lost with the database?); requeued",
+            key,
+            what,
+            attempt,
+        )
+        return Outcome(key, "requeued", attempt)
 
     async def _reject(self, key: Key, reason: str, detail: str, snapshot: Snapshot) -> Outcome:
         failure = rejection(self.queue, reason, detail)
@@ -279,7 +379,7 @@ class Pipeline:
                     if not await self.ledger.renew_lease(key, attempt, lease):
                         log.warning("%s: attempt %d lost its lease", key, attempt)
                         return
-                except UNAVAILABLE as error:
+                except Exception as error:
                     log.warning("%s: lease renewal failed (%s), will try again", key, error)
 
         renewer = asyncio.create_task(renew())
@@ -289,6 +389,16 @@ class Pipeline:
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
+
+
+def broker_probe(publisher: ConfirmingPublisher) -> Callable[[], Awaitable[None]]:
+    """A probe that fails while the publishing connection is down (reconnecting)."""
+
+    async def probe() -> None:
+        if not publisher.available:
+            raise ConnectionLost("the publishing connection is not back yet")
+
+    return probe
 
 
 async def _settle(message: IncomingMessage, *, requeue: bool) -> None:
@@ -317,6 +427,6 @@ def _snapshot(message: IncomingMessage) -> Snapshot:
         body=message.body,
         headers=headers.without_broker_headers(message.headers),
         properties=message_properties(message),
-        exchange=message.exchange or "",
-        routing_key=message.routing_key or "",
+        exchange=storable_text(message.exchange or ""),
+        routing_key=storable_text(message.routing_key or ""),
     )

@@ -21,9 +21,11 @@ from typing import Any
 from rabbitretry import amqp, db
 from rabbitretry.amqp import ConfirmingPublisher, IncomingMessage
 from rabbitretry.consumer import Consumer
+from rabbitretry.delivery.outage import OutageGate
 from rabbitretry.delivery.outcome import Outcome
 from rabbitretry.delivery.pipeline import Pipeline
 from rabbitretry.errors import ConfigurationError
+from rabbitretry.ledger import AttemptLedger
 from rabbitretry.topology import Exchange, Topology, declare, verify
 
 log = logging.getLogger("rabbitretry.worker")
@@ -61,6 +63,7 @@ class Worker:
     """True once every consumer is consuming."""
     _stopping: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _inflight: set[asyncio.Task[Any]] = field(default_factory=set, init=False)
+    _gates: Gates = field(init=False)
     on_outcome: Callable[[str, Outcome], Awaitable[None]] | None = None
     """Called with the queue and outcome of every delivery (metrics); must not raise."""
     outcomes: list[Outcome] = field(default_factory=list, init=False)
@@ -104,6 +107,14 @@ class Worker:
                 await instance.setup()
                 stack.push_async_callback(instance.teardown)
 
+            # One gate per service, shared by every slot: an outage is logged once, and all
+            # slots pause until it ends.
+            self._gates = Gates(
+                ledger=OutageGate("ledger", AttemptLedger(pool).reconnect),
+                broker=OutageGate("broker", _connected(publish_conn)),
+            )
+            stack.push_async_callback(self._gates.ledger.close)
+            stack.push_async_callback(self._gates.broker.close)
             cancel_consumers = []
             for instance in instances:
                 for slot in range(self.concurrency):
@@ -151,7 +162,14 @@ class Worker:
         # and their consumers after a reconnect.
         queue = await channel.declare_queue(type(consumer).queue, passive=True)
         publisher = await ConfirmingPublisher.open(publish_conn)
-        pipeline = Pipeline(consumer, pool, publisher, f"{self.name}:{slot}")
+        pipeline = Pipeline(
+            consumer,
+            pool,
+            publisher,
+            f"{self.name}:{slot}",
+            ledger_gate=self._gates.ledger,
+            broker_gate=self._gates.broker,
+        )
 
         async def attempt(message: IncomingMessage) -> None:
             try:
@@ -192,6 +210,20 @@ class Worker:
             task.cancel()
         if still_running:
             await asyncio.wait(still_running, timeout=10)
+
+
+@dataclass(frozen=True)
+class Gates:
+    ledger: OutageGate
+    broker: OutageGate
+
+
+def _connected(connection: amqp.Connection) -> Callable[[], Awaitable[None]]:
+    async def probe() -> None:
+        if connection.is_closed:
+            raise ConnectionError("the publishing connection to RabbitMQ is not back yet")
+
+    return probe
 
 
 async def _close(connection: amqp.Connection) -> None:

@@ -7,6 +7,7 @@ used ``ctx.transaction()`` commits inside that transaction; everything else is o
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Literal, Protocol
 
@@ -15,6 +16,9 @@ from rabbitretry.failure import Failure
 from rabbitretry.ledger import statements
 from rabbitretry.ledger.commits import ClaimRequest, SuccessRequest, commits_for
 from rabbitretry.ledger.statements import Claim, Key, Snapshot
+
+FINISHED = ("succeeded", "dead", "skipped", "ignored")
+PING_TIMEOUT = 5.0
 
 
 class OpenTransaction(Protocol):
@@ -92,3 +96,29 @@ class AttemptLedger:
 
     async def get(self, key: Key) -> Record | None:
         return await statements.get(self.pool, key)
+
+    async def owned_elsewhere(self, key: Key, attempt: int) -> bool:
+        """After a final write of ``attempt`` matched no row: is the work safe without us?
+
+        True when the row says the work is finished or a later attempt owns it. False when
+        the row is gone or still at ``attempt`` (a claim lost in a database crash): the
+        delivery must then be requeued, never acked.
+        """
+        row = await statements.get(self.pool, key)
+        if row is None:
+            return False
+        return row["status"] in FINISHED or row["attempts"] > attempt
+
+    async def release_claim(self, key: Key, worker: str) -> None:
+        """Give back a claim of ``worker`` whose reply was lost: it is not counted."""
+        await statements.release_claim(self.pool, key, worker)
+
+    async def reconnect(self) -> None:
+        """Raises unless the ledger answers; a probe while it is unreachable.
+
+        The pool's connections from before the outage are replaced first: each would
+        otherwise fail once more on its next use.
+        """
+        await self.pool.expire_connections()
+        async with asyncio.timeout(PING_TIMEOUT):
+            await self.pool.fetchval("SELECT 1")

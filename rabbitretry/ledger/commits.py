@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from rabbitretry.db import Connection, Pool, query
 from rabbitretry.ledger import statements
 from rabbitretry.ledger.statements import Claim, Key, Snapshot
+from rabbitretry.storable import encode_table
 
 Request = TypeVar("Request")
 Result = TypeVar("Result")
@@ -203,8 +203,8 @@ async def _claim_group(conn: Connection, requests: Sequence[ClaimRequest]) -> li
         [r.worker for r in rs],
         [r.copy_attempts for r in rs],
         [r.snapshot.body for r in rs],
-        [_json(r.snapshot.headers) for r in rs],
-        [_json(r.snapshot.properties) for r in rs],
+        [encode_table(r.snapshot.headers) for r in rs],
+        [encode_table(r.snapshot.properties) for r in rs],
         [r.snapshot.exchange for r in rs],
         [r.snapshot.routing_key for r in rs],
     )
@@ -234,10 +234,6 @@ async def _success_group(conn: Connection, requests: Sequence[SuccessRequest]) -
 
 def _key_order(key: Key) -> tuple[str, str]:
     return (key.queue, key.message_id)
-
-
-def _json(value: dict[str, Any]) -> str:
-    return json.dumps(value, default=str)
 
 
 _by_pool: dict[int, LedgerCommits] = {}

@@ -6,12 +6,12 @@ so the ledger is never half-written.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from rabbitretry.db import Executor, Record, query
 from rabbitretry.failure import Failure
+from rabbitretry.storable import decode_table, encode_table
 
 Verdict = Literal["claimed", "finished", "stale", "busy", "not-due", "exhausted"]
 
@@ -45,10 +45,6 @@ class Claim:
     status: str
 
 
-def _json(value: dict[str, Any]) -> str:
-    return json.dumps(value, default=str)
-
-
 async def claim(
     executor: Executor,
     key: Key,
@@ -69,8 +65,8 @@ async def claim(
         worker,
         copy_attempts,
         snapshot.body,
-        _json(snapshot.headers),
-        _json(snapshot.properties),
+        encode_table(snapshot.headers),
+        encode_table(snapshot.properties),
         snapshot.exchange,
         snapshot.routing_key,
     )
@@ -153,6 +149,14 @@ async def interrupt(executor: Executor, key: Key, attempt: int) -> bool:
     )
 
 
+async def release_claim(executor: Executor, key: Key, worker: str) -> bool:
+    """Interrupt the open attempt of ``key`` that ``worker`` claimed, if there is one."""
+    return (
+        await executor.fetchval(query("release_claim"), key.queue, key.message_id, worker)
+        is not None
+    )
+
+
 async def record_rejected(
     executor: Executor,
     key: Key,
@@ -174,8 +178,8 @@ async def record_rejected(
             failure.message,
             failure.fingerprint,
             snapshot.body,
-            _json(snapshot.headers),
-            _json(snapshot.properties),
+            encode_table(snapshot.headers),
+            encode_table(snapshot.properties),
             snapshot.exchange,
             snapshot.routing_key,
         )
@@ -190,8 +194,8 @@ async def get(executor: Executor, key: Key) -> Record | None:
 def snapshot_of(row: Record) -> Snapshot:
     return Snapshot(
         body=bytes(row["payload"]),
-        headers=json.loads(row["headers"]),
-        properties=json.loads(row["properties"]),
+        headers=decode_table(row["headers"]),
+        properties=decode_table(row["properties"]),
         exchange=row["exchange"],
         routing_key=row["routing_key"],
     )

@@ -69,6 +69,32 @@ FROM requeued r
 WHERE a.queue = r.queue AND a.message_id = r.message_id AND a.attempt = r.attempts
 RETURNING 1;
 
+-- name: release_claim
+-- A claim whose reply was lost with the connection: if worker $3 holds the key's open attempt,
+-- that attempt is interrupted (not counted) and the message is due again at once.
+WITH mine AS (
+    SELECT l.queue, l.message_id, l.attempts
+    FROM rabbitretry.ledger l
+    JOIN rabbitretry.attempt a
+      ON a.queue = l.queue AND a.message_id = l.message_id AND a.attempt = l.attempts
+    WHERE l.queue = $1 AND l.message_id = $2 AND l.status = 'processing'
+      AND a.worker = $3 AND a.outcome IS NULL
+    FOR UPDATE OF l
+), requeued AS (
+    UPDATE rabbitretry.ledger l
+    SET status = 'retrying', next_retry_at = now(), retry_copy_confirmed = false,
+        lease_until = NULL, attempts_forgiven = attempts_forgiven + 1, updated_at = now()
+    FROM mine m
+    WHERE l.queue = m.queue AND l.message_id = m.message_id AND l.attempts = m.attempts
+    RETURNING l.queue, l.message_id, l.attempts
+)
+UPDATE rabbitretry.attempt a
+SET finished_at = now(), outcome = 'interrupted', error_type = 'Interrupted',
+    error_message = 'the claim''s reply was lost with the connection; it is not counted'
+FROM requeued r
+WHERE a.queue = r.queue AND a.message_id = r.message_id AND a.attempt = r.attempts
+RETURNING 1;
+
 -- name: record_rejected
 -- A delivery refused before any attempt (no message_id, too large): stored dead. A replayed
 -- copy refused again (its row is retrying) goes back to dead; any other existing row is left

@@ -1,0 +1,89 @@
+"""Pausing deliveries while a service is away: one log line when it goes, one when it is back.
+
+When a delivery finds the ledger (or the broker) unreachable, the worker must neither spin on
+it nor charge the message anything. The :class:`OutageGate` of that service turns its state to
+"down", logs that once, and probes the service with a growing, capped pause until it answers.
+Meanwhile every consumer slot holds its delivery at the gate (on a prefetch-1 channel that
+means no new deliveries) for at most ``hold`` seconds, then requeues it, so that no delivery is
+held past RabbitMQ's consumer timeout however long the outage lasts. When the probe succeeds
+the gate logs once and opens, and the work resumes by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+log = logging.getLogger("rabbitretry.worker")
+
+FIRST_PAUSE = 0.5  # seconds before the first probe
+MAX_PAUSE = 15.0  # the probes' pause doubles up to this
+HOLD = 30.0  # seconds a delivery waits at a closed gate before it is requeued
+
+
+class OutageGate:
+    """The state of one service (the ledger, the broker) as the worker's deliveries see it."""
+
+    def __init__(
+        self,
+        service: str,
+        probe: Callable[[], Awaitable[object]],
+        *,
+        first_pause: float = FIRST_PAUSE,
+        max_pause: float = MAX_PAUSE,
+        hold: float = HOLD,
+    ) -> None:
+        self.service = service
+        self._probe = probe
+        self._first_pause = first_pause
+        self._max_pause = max_pause
+        self._hold = hold
+        self._open = asyncio.Event()
+        self._open.set()
+        self._prober: asyncio.Task[None] | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._open.is_set()
+
+    def report(self, error: BaseException) -> None:
+        """A delivery found the service unreachable: close the gate (logged once) and probe."""
+        if not self._open.is_set():
+            return
+        self._open.clear()
+        log.error(
+            "the %s is unreachable (%s); deliveries pause until it answers again",
+            self.service,
+            error,
+        )
+        self._prober = asyncio.create_task(self._probe_until_back())
+
+    async def passable(self) -> bool:
+        """Wait (at most ``hold`` seconds) for the gate to open; False if it stayed closed."""
+        if self._open.is_set():
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._open.wait(), self._hold)
+        return self._open.is_set()
+
+    async def close(self) -> None:
+        if self._prober is not None:
+            self._prober.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._prober
+
+    async def _probe_until_back(self) -> None:
+        pause = self._first_pause
+        while True:
+            await asyncio.sleep(pause)
+            try:
+                await self._probe()
+            except Exception as error:
+                log.debug("the %s is still unreachable (%s)", self.service, error)
+                pause = min(pause * 2, self._max_pause)
+                continue
+            log.warning("the %s is reachable again; deliveries resume", self.service)
+            self._open.set()
+            return
