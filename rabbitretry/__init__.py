@@ -15,6 +15,7 @@ from rabbitretry.errors import (
     Retry,
     ServiceUnavailable,
     TopologyError,
+    UnpublishableError,
     UnroutableError,
 )
 from rabbitretry.outbox import Outbox, OutboxRelay
@@ -46,6 +47,7 @@ __all__ = [
     "Topology",
     "TopologyError",
     "TransactionRolledBack",
+    "UnpublishableError",
     "UnroutableError",
     "WorkQueue",
     "Worker",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Literal
@@ -28,9 +28,11 @@ from rabbitretry.errors import (
     PublishError,
     ServiceUnavailable,
     TopologyError,
+    UnpublishableError,
     UnroutableError,
 )
 from rabbitretry.settings import mask_url
+from rabbitretry.wire import why_unencodable
 
 IncomingMessage = AbstractIncomingMessage
 Channel = AbstractChannel
@@ -122,11 +124,14 @@ class ConfirmingPublisher:
 
     aio-pika returns quietly when a mandatory message comes back unroutable; here that is an
     :class:`UnroutableError`, and a broker nack or a lost channel is a :class:`PublishError`.
+    A message AMQP cannot carry is an :class:`UnpublishableError`, raised before anything is
+    sent (some such messages make RabbitMQ close the whole connection).
     """
 
     def __init__(self, connection: Connection, channel: Channel) -> None:
         self._connection = connection
         self._channel = channel
+        self._in_flight: dict[str, asyncio.Event] = {}  # message_id -> set when settled
 
     @classmethod
     async def open(cls, connection: Connection) -> ConfirmingPublisher:
@@ -158,6 +163,15 @@ class ConfirmingPublisher:
     ) -> None:
         props = dict(properties or {})
         props.pop("expiration", None)  # a copy must never expire on its way
+        problem = why_unencodable(
+            exchange=exchange,
+            routing_key=routing_key,
+            message_id=message_id,
+            headers=headers,
+            properties=props,
+        )
+        if problem is not None:
+            raise UnpublishableError(problem)
         message = aio_pika.Message(
             body,
             headers=dict(headers or {}),
@@ -168,8 +182,14 @@ class ConfirmingPublisher:
         try:
             # Bounded as a whole: on a robust connection that is reconnecting, getting the
             # channel waits for the reconnect, which may never come.
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(timeout), self._alone(message_id):
                 await self._publish(message, exchange, routing_key)
+        except (TypeError, ValueError) as error:
+            # pamqp refusing to encode something why_unencodable let through: nothing was
+            # sent (aiormq encodes the frames before writing them), and no retry can help.
+            raise UnpublishableError(
+                f"message {message_id!r} cannot be encoded as AMQP: {error}"
+            ) from error
         except aio_pika.exceptions.PublishError as error:
             raise UnroutableError(
                 f"no queue is bound for exchange {exchange or '(default)'!r} "
@@ -182,6 +202,23 @@ class ConfirmingPublisher:
             raise ConnectionLost(
                 f"publishing message {message_id!r} failed: {error or type(error).__name__}"
             ) from error
+
+    @contextlib.asynccontextmanager
+    async def _alone(self, message_id: str) -> AsyncIterator[None]:
+        """Wait until no other publish of ``message_id`` is in flight here, then hold the id.
+
+        aiormq matches a returned (unroutable) message to its publish by ``message_id`` alone:
+        of two publishes of one id in flight on a channel, the return of one would fail the
+        other, and the returned one would pass as confirmed.
+        """
+        while (other := self._in_flight.get(message_id)) is not None:
+            await other.wait()
+        settled = self._in_flight[message_id] = asyncio.Event()
+        try:
+            yield
+        finally:
+            del self._in_flight[message_id]
+            settled.set()
 
     async def _publish(self, message: aio_pika.Message, exchange: str, routing_key: str) -> None:
         channel = await self._ready_channel()

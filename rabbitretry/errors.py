@@ -8,6 +8,7 @@
     ├── ConfigurationError            a consumer, policy or topology that cannot work
     ├── TopologyError                 the broker's queues do not match what is needed
     ├── ServiceUnavailable            RabbitMQ or Postgres cannot be reached
+    ├── UnpublishableError            a message AMQP cannot carry: never sent, no retry helps
     └── PublishError                  the broker did not confirm a message
         ├── UnroutableError           the broker took it but no queue was bound to receive it
         └── ConnectionLost            the channel or connection failed before the confirm
@@ -47,6 +48,15 @@ class TopologyError(RabbitRetryError):
 
 class ServiceUnavailable(RabbitRetryError):
     """RabbitMQ or Postgres could not be reached."""
+
+
+class UnpublishableError(RabbitRetryError):
+    """The message cannot be encoded as AMQP (a ``message_id`` over 255 bytes, a header the
+    protocol cannot carry): it was not sent. Its content is at fault, not the broker, so
+    publishing it again cannot help; the message says what is wrong.
+
+    Not a :class:`PublishError`: callers that retry a failed publish must not retry this.
+    """
 
 
 class PublishError(RabbitRetryError):

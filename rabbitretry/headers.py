@@ -14,6 +14,8 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from rabbitretry.wire import fits_amqp_decimal, is_utf8
+
 ATTEMPTS = "x-rabbitretry-attempts"
 """The ledger's attempt count when the copy was published: an older copy is stale."""
 QUEUE = "x-rabbitretry-queue"
@@ -21,7 +23,6 @@ REASON = "x-rabbitretry-reason"
 ERROR_TYPE = "x-rabbitretry-error-type"
 ERROR = "x-rabbitretry-error"
 MAX_ATTEMPTS_VALUE = 2**31 - 1  # an integer column
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 ERROR_HEADER_LIMIT = 500  # characters of the error message carried on a dead letter
 
@@ -53,7 +54,7 @@ def publishable(table: Mapping[str, Any]) -> dict[str, Any]:
 
 def _publishable(value: Any) -> Any:
     if value is None or isinstance(value, bool | str | datetime | bytearray):
-        if isinstance(value, str) and not _is_utf8(value):
+        if isinstance(value, str) and not is_utf8(value):
             return bytearray(value.encode("utf-8", "surrogatepass"))
         return value
     if isinstance(value, int):
@@ -63,29 +64,12 @@ def _publishable(value: Any) -> Any:
     if isinstance(value, bytes | memoryview):
         return bytearray(value)
     if isinstance(value, Decimal):
-        return value if _is_amqp_decimal(value) else str(value)
+        return value if fits_amqp_decimal(value) else str(value)
     if isinstance(value, Mapping):
         return publishable(value)
     if isinstance(value, list | tuple):
         return [_publishable(item) for item in value]
     return repr(value)
-
-
-def _is_utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _is_amqp_decimal(value: Decimal) -> bool:
-    exponent = value.as_tuple().exponent
-    if not isinstance(exponent, int):
-        return False
-    scale = max(0, -exponent)
-    mantissa = int(value.scaleb(scale))
-    return scale <= 255 and INT32_MIN <= mantissa <= INT32_MAX
 
 
 def dead_letter(

@@ -16,6 +16,10 @@ between publishes the row again, and the consumer's ledger drops the duplicate b
 Ordering: rows that share an ``ordering_key`` are published one at a time in the order they
 were enqueued (a row waits while an older row of its key is pending; a row that ends
 ``failed`` stops holding the others back). Rows without a key have no order among themselves.
+
+A row whose message AMQP cannot carry (a ``message_id`` over 255 bytes, a header integer
+beyond 64 bits, an infinite number...) is never sent: it ends ``failed`` at once with the
+reason in ``last_error``, and the rest of its batch goes on as if it were not there.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from pydantic import BaseModel
 
 from rabbitretry import amqp
 from rabbitretry.db import UNAVAILABLE, Connection, Pool, Record, query
-from rabbitretry.errors import ConnectionLost, PublishError
+from rabbitretry.errors import ConnectionLost, PublishError, UnpublishableError
 from rabbitretry.publisher import encode, new_message_id
 
 log = logging.getLogger("rabbitretry.outbox")
@@ -80,6 +84,7 @@ class RelayStats:
     sent: int = 0
     failed_tries: int = 0
     given_up: int = 0
+    unpublishable: int = 0
 
 
 @dataclass
@@ -129,10 +134,12 @@ class OutboxRelay:
             await connection.close()
 
     async def relay_once(self, publisher: amqp.ConfirmingPublisher) -> int:
-        """Publish one batch of due rows; how many rows it sent or counted a failed try for.
+        """Publish one batch of due rows; how many rows it sent, failed, or counted a try for.
 
         A row whose publish failed because the connection was lost is left as it was, try
-        not counted: the broker being away is not the message's fault.
+        not counted: the broker being away is not the message's fault. A row AMQP cannot
+        carry is failed at once; each row's outcome is its own, so the confirmed rows of a
+        batch are marked sent whatever happened to the others.
         """
         if not publisher.available:
             return 0  # reconnecting: leave the rows alone rather than hold their locks
@@ -147,22 +154,33 @@ class OutboxRelay:
                 self.stats.sent += len(sent)
             settled = len(sent)
             for row, result in zip(rows, results, strict=True):
+                if result is None:
+                    continue
                 if isinstance(result, ConnectionLost):
                     log.warning("outbox: %s; row %s stays pending", result, row["id"])
-                elif isinstance(result, PublishError):
+                    continue
+                if isinstance(result, UnpublishableError):
+                    await fail_unpublishable(conn, row, result)
+                    self.stats.unpublishable += 1
+                elif isinstance(result, Exception):
+                    # A refusal, or a bug: a failed try of this row alone. Raising would roll
+                    # back the batch's `sent` marks and publish its confirmed rows again.
                     await self._record_failure(conn, row, result)
-                    settled += 1
-                elif isinstance(result, BaseException):
-                    raise result
+                else:
+                    raise result  # cancelled: the rows stay pending for the next relay
+                settled += 1
         return settled
 
-    async def _record_failure(self, conn: Connection, row: Record, error: PublishError) -> None:
+    async def _record_failure(self, conn: Connection, row: Record, error: Exception) -> None:
+        if isinstance(error, PublishError):
+            reason = str(error)
+        else:  # a bug: counted as a try like a refusal, with its traceback in the log
+            reason = f"{type(error).__name__}: {error}"
+            log.error("outbox row %s: unexpected error publishing it", row["id"], exc_info=error)
         tries = row["tries"] + 1
         backoff = min(self.max_backoff, self.initial_backoff * 2 ** min(tries - 1, 30))
         backoff *= random.uniform(0.8, 1.2)
-        await conn.execute(
-            query("outbox_failed_try"), row["id"], str(error), self.max_tries, backoff
-        )
+        await conn.execute(query("outbox_failed_try"), row["id"], reason, self.max_tries, backoff)
         self.stats.failed_tries += 1
         if tries >= self.max_tries:
             self.stats.given_up += 1
@@ -171,7 +189,7 @@ class OutboxRelay:
                 row["id"],
                 row["message_id"],
                 tries,
-                error,
+                reason,
             )
         else:
             log.warning(
@@ -179,7 +197,7 @@ class OutboxRelay:
                 row["id"],
                 row["message_id"],
                 tries,
-                error,
+                reason,
                 backoff,
             )
 
@@ -203,7 +221,11 @@ class OutboxRelay:
 
 
 async def publish_row(publisher: amqp.ConfirmingPublisher, row: Record) -> None:
-    """Publish one outbox row as it was enqueued (confirmed, mandatory)."""
+    """Publish one outbox row as it was enqueued (confirmed, mandatory).
+
+    Raises :class:`UnpublishableError`, before sending anything, for a row AMQP cannot carry
+    (:func:`fail_unpublishable` records it), and :class:`PublishError` for a refusal or a loss.
+    """
     await publisher.publish(
         bytes(row["payload"]),
         exchange=row["exchange"],
@@ -211,4 +233,16 @@ async def publish_row(publisher: amqp.ConfirmingPublisher, row: Record) -> None:
         message_id=row["message_id"],
         headers=json.loads(row["headers"]),
         properties={"content_type": row["content_type"]},
+    )
+
+
+async def fail_unpublishable(conn: Connection, row: Record, error: UnpublishableError) -> None:
+    """Mark a row ``failed`` at once, with the reason: an encoding error is the content's
+    fault, so backing off and trying again could never succeed."""
+    await conn.execute(query("outbox_unpublishable"), row["id"], str(error))
+    log.error(
+        "outbox row %s (%.60s) cannot be published, marked failed: %s",
+        row["id"],
+        row["message_id"],
+        error,
     )

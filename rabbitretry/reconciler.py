@@ -38,9 +38,9 @@ from typing import Any
 
 from rabbitretry import amqp, headers, heartbeat, ledger, validity
 from rabbitretry.consumer import Consumer
-from rabbitretry.db import UNAVAILABLE, Pool, Record, query
-from rabbitretry.errors import ConnectionLost, PublishError
-from rabbitretry.outbox import publish_row
+from rabbitretry.db import UNAVAILABLE, Connection, Pool, Record, query
+from rabbitretry.errors import ConnectionLost, PublishError, UnpublishableError
+from rabbitretry.outbox import fail_unpublishable, publish_row
 from rabbitretry.publisher import encode
 from rabbitretry.reconciliation import Expected, Reconciliation, WindowReport, classify
 
@@ -264,24 +264,44 @@ class Reconciler:
                 rows = await conn.fetch(
                     query("reconcile_stuck_outbox"), self.grace, self.batch_size
                 )
-                sent = []
-                for row in rows:
-                    await self._limiter.wait()
-                    try:
-                        await publish_row(self._publisher_or_fail(), row)
-                    except ConnectionLost:
-                        raise
-                    except PublishError as error:
-                        # Left pending for the relay, whose backoff and give-up rules apply.
-                        report.errors.append(f"outbox row {row['id']}: {error}")
-                        continue
-                    sent.append(row["id"])
+                sent, lost = await self._publish_outbox_rows(conn, rows, report)
                 if sent:
                     await conn.execute(query("outbox_sent"), sent)
+            if lost is not None:
+                raise lost  # every next publish would fail too; the confirmed rows stay sent
             published += len(sent)
             if len(rows) < self.batch_size:
                 break
         return published
+
+    async def _publish_outbox_rows(
+        self, conn: Connection, rows: list[Record], report: RunReport
+    ) -> tuple[list[int], ConnectionLost | None]:
+        """Publish ``rows`` in turn: the ids confirmed, and the lost connection that cut the
+        batch short, if one did. A row that cannot be published never ends the run."""
+        sent: list[int] = []
+        for row in rows:
+            await self._limiter.wait()
+            try:
+                await publish_row(self._publisher_or_fail(), row)
+            except ConnectionLost as error:
+                return sent, error
+            except UnpublishableError as error:
+                # No try can succeed: failed now, with the reason, as the relay does.
+                await fail_unpublishable(conn, row, error)
+                report.errors.append(f"outbox row {row['id']} cannot be published: {error}")
+                continue
+            except PublishError as error:
+                # Left pending for the relay, whose backoff and give-up rules apply.
+                report.errors.append(f"outbox row {row['id']}: {error}")
+                continue
+            except Exception as error:
+                # A bug: left pending for the relay, and the run goes on to its other checks.
+                log.exception("publishing outbox row %s failed", row["id"])
+                report.errors.append(f"outbox row {row['id']}: {type(error).__name__}: {error}")
+                continue
+            sent.append(row["id"])
+        return sent, None
 
     # --- expected vs actual ----------------------------------------------------------------
 

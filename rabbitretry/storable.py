@@ -26,18 +26,14 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from rabbitretry.wire import is_utf8
+
 TAGS = ("$bytes", "$decimal", "$timestamp", "$text", "$float", "$table")
 
 
 def is_storable_text(text: str) -> bool:
     """True when PostgreSQL stores ``text`` as it is (no NUL, valid UTF-8)."""
-    if "\x00" in text:
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return "\x00" not in text and is_utf8(text)
 
 
 def storable_text(text: str) -> str:

@@ -40,7 +40,7 @@ from rabbitretry.delivery.attempt import AttemptResult, oversize, run_attempt
 from rabbitretry.delivery.outage import OutageGate
 from rabbitretry.delivery.outcome import Outcome
 from rabbitretry.delivery.transaction import AttemptTransaction
-from rabbitretry.errors import ConnectionLost, PublishError
+from rabbitretry.errors import ConnectionLost, PublishError, UnpublishableError
 from rabbitretry.failure import Failure, message_of, rejection
 from rabbitretry.ledger import AttemptLedger, Claim, ClaimRequest, Key, Snapshot
 from rabbitretry.storable import storable_text
@@ -166,7 +166,9 @@ class Pipeline:
             return Outcome(key, "dropped", claim.attempt)
         if claim.verdict in ("busy", "not-due"):
             # Hold the copy in the delay ladder until the claim can succeed.
-            await self._publish_delayed(key, snapshot, claim.wait_seconds, copy_attempts)
+            refused = await self._publish_delayed(key, snapshot, claim.wait_seconds, copy_attempts)
+            if refused is not None:
+                return await self._reject(key, "unpublishable", refused, snapshot)
             return Outcome(key, "parked", claim.attempt)
         if claim.verdict == "exhausted":
             log.error("%s: dead after %d attempts: the worker died in the last", key, claim.attempt)
@@ -288,7 +290,9 @@ class Pipeline:
             failure.message,
             wait,
         )
-        await self._publish_delayed(key, snapshot, wait, claim.attempt)
+        refused = await self._publish_delayed(key, snapshot, wait, claim.attempt)
+        if refused is not None:
+            return await self._reject(key, "unpublishable", refused, snapshot)
         await self.ledger.confirm_retry_copy(key, claim.attempt)
         return Outcome(key, "retrying", claim.attempt)
 
@@ -339,17 +343,36 @@ class Pipeline:
 
     async def _publish_delayed(
         self, key: Key, snapshot: Snapshot, wait: float, attempts: int
-    ) -> None:
+    ) -> str | None:
+        """Publish a copy to the delay path; why not, if it cannot be encoded."""
         rung = naming.choose_rung(self.ladder, wait)
-        await self.publisher.publish(
-            snapshot.body,
-            routing_key=naming.delay_queue(self.queue, rung),
-            message_id=key.message_id,
-            headers=headers.republished(snapshot.headers, attempts),
-            properties=snapshot.properties,
-        )
+        try:
+            await self.publisher.publish(
+                snapshot.body,
+                routing_key=naming.delay_queue(self.queue, rung),
+                message_id=key.message_id,
+                headers=headers.republished(snapshot.headers, attempts),
+                properties=snapshot.properties,
+            )
+        except UnpublishableError as error:
+            # Content the broker cannot take back: without a copy the message would loop
+            # between the ledger and the queue, so it ends dead (the caller records it).
+            return f"the copy for the delay path cannot be published: {error}"
+        return None
 
     async def _publish_dead(
+        self, key: Key, snapshot: Snapshot, reason: str, failure: Failure, attempts: int
+    ) -> None:
+        """The dead letter's copy on ``Q.dead``, for people reading the queue.
+
+        The ledger row is the dead letter; a copy that cannot be encoded is only logged.
+        """
+        try:
+            await self._publish_dead_copy(key, snapshot, reason, failure, attempts)
+        except UnpublishableError as error:
+            log.error("%s: dead in the ledger; no copy on %s: %s", key, self.dead_queue, error)
+
+    async def _publish_dead_copy(
         self, key: Key, snapshot: Snapshot, reason: str, failure: Failure, attempts: int
     ) -> None:
         await self.publisher.publish(

@@ -178,6 +178,12 @@ SET tries = tries + 1, last_error = $2,
     next_try_at = now() + make_interval(secs => $4)
 WHERE id = $1;
 
+-- name: outbox_unpublishable
+-- The row's message cannot be encoded as AMQP ($2 says why): failed at once, as no try can
+-- succeed. A failed row no longer holds back later rows of its ordering key.
+UPDATE rabbitretry.outbox SET status = 'failed', tries = tries + 1, last_error = $2
+WHERE id = $1;
+
 -- name: outbox_stats
 SELECT status, count(*) AS messages, min(created_at) AS oldest, max(tries) AS most_tries
 FROM rabbitretry.outbox GROUP BY status ORDER BY status;

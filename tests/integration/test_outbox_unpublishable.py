@@ -1,0 +1,236 @@
+"""Outbox rows the broker can never receive: failed at once, without harming their neighbours.
+
+Against the real broker and database. A row is unpublishable when its message cannot be encoded
+as AMQP (a message_id over 255 bytes, a header integer beyond 64 bits, an infinite number,
+which RabbitMQ answers by closing the whole connection); the relay and the reconciler fail it
+with the reason and go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any
+
+import aio_pika
+import asyncpg
+import pytest
+
+from rabbitretry import Outbox, OutboxRelay, Topology, WorkQueue, heartbeat
+from rabbitretry.amqp import ConfirmingPublisher, Connection, connect
+from rabbitretry.reconciler import Reconciler
+from rabbitretry.reconciliation import Expected, Reconciliation
+from rabbitretry.topology import Exchange, declare
+from tests.integration.conftest import BrokerCleanup
+from tests.integration.harness import wait_for
+
+pytestmark = pytest.mark.asyncio
+
+LONG_ID = "x" * 300
+LONG_ID_REASON = "message_id is 300 bytes; AMQP allows at most 255"
+
+
+@pytest.fixture
+async def publisher(amqp_url: str) -> AsyncIterator[ConfirmingPublisher]:
+    connection = await connect(amqp_url)
+    yield await ConfirmingPublisher.open(connection)
+    await connection.close()
+
+
+@pytest.fixture
+async def work_queue(
+    queue_name: str, amqp_connection: Connection, broker_cleanup: BrokerCleanup
+) -> str:
+    """A declared queue of this test's own, reached through the default exchange."""
+    await declare(
+        amqp_connection, broker_cleanup.topology(Topology(queues=[WorkQueue(name=queue_name)]))
+    )
+    return queue_name
+
+
+async def enqueue(
+    pool: asyncpg.Pool,
+    message_id: str,
+    routing_key: str,
+    *,
+    exchange: str = "",
+    headers: dict[str, Any] | None = None,
+    ordering_key: str | None = None,
+) -> None:
+    async with pool.acquire() as conn:
+        await Outbox().enqueue(
+            conn,
+            exchange,
+            {"id": message_id[:20]},
+            routing_key=routing_key,
+            message_id=message_id,
+            headers=headers,
+            ordering_key=ordering_key,
+        )
+
+
+async def enqueue_infinity(pool: asyncpg.Pool, message_id: str, routing_key: str) -> None:
+    """A row whose header reads back as float('inf'). jsonb keeps any number exactly, and
+    json.loads reads one with a fraction beyond 1e308 as infinite. Outbox.enqueue cannot
+    write it (json.dumps writes Infinity, which jsonb refuses); another writer can."""
+    huge = "1" + "0" * 310 + ".5"
+    await pool.execute(
+        "INSERT INTO rabbitretry.outbox (exchange, routing_key, message_id, payload, headers)"
+        " VALUES ('', $1, $2, '\\x7b7d', $3::jsonb)",
+        routing_key,
+        message_id,
+        f'{{"price": {huge}}}',
+    )
+
+
+async def rows_by_id(pool: asyncpg.Pool) -> dict[str, asyncpg.Record]:
+    rows = await pool.fetch("SELECT * FROM rabbitretry.outbox ORDER BY id")
+    return {row["message_id"]: row for row in rows}
+
+
+async def drain(amqp_url: str, queue: str) -> list[str]:
+    """Take every message off ``queue``: their message_ids, in order."""
+    connection = await aio_pika.connect(amqp_url)
+    ids: list[str] = []
+    try:
+        channel = await connection.channel()
+        source = await channel.declare_queue(queue, passive=True)
+        while (message := await source.get(fail=False)) is not None:
+            ids.append(str(message.message_id))
+            await message.ack()
+    finally:
+        await connection.close()
+    return ids
+
+
+async def test_unpublishable_rows_fail_at_once_and_the_rest_of_their_batch_is_sent_once(
+    amqp_url: str, pool: asyncpg.Pool, work_queue: str, publisher: ConfirmingPublisher
+) -> None:
+    await enqueue(pool, "good-1", work_queue)
+    await enqueue(pool, LONG_ID, work_queue)
+    await enqueue(pool, "good-2", work_queue)
+    await enqueue(pool, "big-int", work_queue, headers={"count": 2**70})
+    await enqueue(pool, "good-3", work_queue)
+    await enqueue_infinity(pool, "infinite", work_queue)
+    await enqueue(pool, "good-4", work_queue)
+    relay = OutboxRelay(pool, amqp_url, max_tries=5, initial_backoff=60.0)
+
+    assert await relay.relay_once(publisher) == 7
+    assert publisher.available  # the infinity never reached the broker to close the connection
+    rows = await rows_by_id(pool)
+    assert {key: (row["status"], row["tries"]) for key, row in rows.items()} == {
+        "good-1": ("sent", 1),
+        LONG_ID: ("failed", 1),
+        "good-2": ("sent", 1),
+        "big-int": ("failed", 1),
+        "good-3": ("sent", 1),
+        "infinite": ("failed", 1),
+        "good-4": ("sent", 1),
+    }
+    assert rows[LONG_ID]["last_error"] == LONG_ID_REASON
+    assert rows["big-int"]["last_error"] == (
+        "header 'count' holds the integer 1180591620717411303424, which does not fit in the "
+        "64-bit signed integer AMQP allows"
+    )
+    assert rows["infinite"]["last_error"] == (
+        "header 'price' is infinite: RabbitMQ closes the publishing connection on a NaN or "
+        "infinite number"
+    )
+    assert (relay.stats.sent, relay.stats.unpublishable, relay.stats.failed_tries) == (4, 3, 0)
+
+    assert await relay.relay_once(publisher) == 0  # failed rows are not tried again
+    assert sorted(await drain(amqp_url, work_queue)) == ["good-1", "good-2", "good-3", "good-4"]
+
+
+async def test_an_unpublishable_row_does_not_hold_back_later_rows_of_its_ordering_key(
+    amqp_url: str, pool: asyncpg.Pool, work_queue: str
+) -> None:
+    await enqueue(pool, LONG_ID, work_queue, ordering_key="order-7")
+    await enqueue(pool, "order-7-shipped", work_queue, ordering_key="order-7")
+    await enqueue(pool, "order-7-delivered", work_queue, ordering_key="order-7")
+    relay = OutboxRelay(pool, amqp_url, poll_interval=0.1)
+    task = asyncio.create_task(relay.run())
+    try:
+
+        async def settled() -> bool:
+            statuses = [row["status"] for row in (await rows_by_id(pool)).values()]
+            return statuses == ["failed", "sent", "sent"]
+
+        await wait_for(settled, timeout=15)
+    finally:
+        relay.stop()
+        await asyncio.wait_for(task, 30)
+    assert (await rows_by_id(pool))[LONG_ID]["last_error"] == LONG_ID_REASON
+    assert await drain(amqp_url, work_queue) == ["order-7-shipped", "order-7-delivered"]
+
+
+async def test_rows_sharing_a_message_id_are_told_apart_when_one_is_returned_unroutable(
+    amqp_url: str,
+    pool: asyncpg.Pool,
+    work_queue: str,
+    publisher: ConfirmingPublisher,
+    amqp_connection: Connection,
+    broker_cleanup: BrokerCleanup,
+) -> None:
+    """aiormq matches a basic.return to its publish by message_id: two such publishes in flight
+    at once on one channel would swap their outcomes (the returned one marked sent)."""
+    nowhere = f"{work_queue}.nowhere"
+    await declare(
+        amqp_connection, broker_cleanup.topology(Topology(exchanges=[Exchange(name=nowhere)]))
+    )
+    # Both orders: the unroutable row first, then the routable one first.
+    await enqueue(pool, "same-1", "no.queue", exchange=nowhere)
+    await enqueue(pool, "same-1", work_queue)
+    await enqueue(pool, "same-2", work_queue)
+    await enqueue(pool, "same-2", "no.queue", exchange=nowhere)
+    relay = OutboxRelay(pool, amqp_url, max_tries=3, initial_backoff=60.0)
+
+    assert await relay.relay_once(publisher) == 4
+    rows = await pool.fetch(
+        "SELECT message_id, exchange, status, tries, last_error FROM rabbitretry.outbox ORDER BY id"
+    )
+    # The unroutable rows keep the unroutable policy: a failed try, backed off.
+    assert [(r["message_id"], r["exchange"], r["status"], r["tries"]) for r in rows] == [
+        ("same-1", nowhere, "pending", 1),
+        ("same-1", "", "sent", 1),
+        ("same-2", "", "sent", 1),
+        ("same-2", nowhere, "pending", 1),
+    ]
+    assert all("no queue is bound" in r["last_error"] for r in rows if r["exchange"])
+    assert sorted(await drain(amqp_url, work_queue)) == ["same-1", "same-2"]  # once each
+
+
+async def test_the_reconciler_fails_an_unpublishable_stuck_row_and_goes_on_with_its_run(
+    amqp_url: str, pool: asyncpg.Pool, work_queue: str
+) -> None:
+    await enqueue(pool, LONG_ID, work_queue)
+    await enqueue(pool, "stuck-ok", work_queue)
+    await enqueue(pool, "bad-exchange", "anything", exchange="orders!")
+    await pool.execute("UPDATE rabbitretry.outbox SET next_try_at = now() - interval '1 minute'")
+
+    async def paid_orders(start: datetime, end: datetime) -> AsyncIterator[Expected]:
+        yield Expected("order-1", {"n": 1})  # never published: the run must get this far
+
+    expected = Reconciliation("paid", work_queue, paid_orders, lookback=600, settle=0)
+    reconciler = Reconciler(pool, amqp_url, grace=1.0, reconciliations=[expected])
+    try:
+        report = await reconciler.run_once()
+    finally:
+        await reconciler.close()
+
+    assert report.outbox_published == 1
+    assert report.windows[0].republished == 1
+    assert len(report.errors) == 2
+    assert any(LONG_ID_REASON in error for error in report.errors)
+    rows = await rows_by_id(pool)
+    assert {key: (row["status"], row["tries"]) for key, row in rows.items()} == {
+        LONG_ID: ("failed", 1),
+        "stuck-ok": ("sent", 1),
+        "bad-exchange": ("failed", 1),
+    }
+    assert rows[LONG_ID]["last_error"] == LONG_ID_REASON
+    assert rows["bad-exchange"]["last_error"].startswith("exchange name 'orders!' is not one")
+    assert sorted(await drain(amqp_url, work_queue)) == ["order-1", "stuck-ok"]
+    (beat,) = await heartbeat.read_all(pool)
+    assert beat.counts["errors"] == 2 and beat.counts["outbox_published"] == 1
