@@ -27,7 +27,7 @@ from rabbitretry.db import Connection
 from rabbitretry.delivery.transaction import HandlerTransaction
 from rabbitretry.errors import ConfigurationError
 from rabbitretry.retry import RetryPolicy
-from rabbitretry.topology.model import Binding, QueueType, WorkQueue
+from rabbitretry.topology.model import Binding, DeliveryLimit, QueueType, WorkQueue
 
 Payload = TypeVar("Payload")
 
@@ -89,6 +89,11 @@ class Consumer(Generic[Payload]):
     ``queue``            the work queue to consume (required)
     ``queue_type``       ``"classic"`` or ``"quorum"``
     ``bindings``         exchanges routed into the queue, for the topology declarer
+    ``delivery_limit``   quorum queues: the ``x-delivery-limit`` to declare (None: 1000, far
+                         above RabbitMQ 4's default of 20, which requeues during an outage
+                         would exhaust; ``"broker-default"``: none, for a queue declared
+                         before rabbitretry set one). What the broker dead-letters past it is
+                         recorded by the reconciler, reason ``dead-lettered-by-broker``
     ``retry``            the :class:`RetryPolicy`
     ``timeout``          seconds one attempt may run before it fails with ``TimeoutError``
     ``lease``            seconds a claim holds without renewal: a dead worker's message is
@@ -105,6 +110,7 @@ class Consumer(Generic[Payload]):
     queue_type: ClassVar[QueueType] = "classic"
     bindings: ClassVar[Sequence[Binding]] = ()
     dead_queue: ClassVar[str | None] = None
+    delivery_limit: ClassVar[DeliveryLimit] = None
     retry: ClassVar[RetryPolicy] = RetryPolicy()
     timeout: ClassVar[float] = 60.0
     lease: ClassVar[float] = 15.0
@@ -147,6 +153,7 @@ class Consumer(Generic[Payload]):
             type=cls.queue_type,
             max_delay=max(cls.retry.max_delay, cls.lease),
             dead_queue=cls.dead_queue,
+            delivery_limit=cls.delivery_limit,
             bindings=list(cls.bindings),
         )
 

@@ -11,7 +11,9 @@ happen next for every key, so the reconciler scans it and repairs:
 * outbox rows still pending ``grace`` seconds after they were due: no relay published them;
 * work past its consumer's ``expires_after``: finished ``skipped``, never published;
 * registered :class:`~rabbitretry.reconciliation.Reconciliation` s: expected keys that were
-  never seen are re-published, orphans reported.
+  never seen are re-published, orphans reported;
+* messages the broker itself dead-lettered into a dead-letter queue without a ledger row:
+  recorded dead (:mod:`rabbitretry.reconcile_dead_queue`).
 
 A re-driven copy is the ledger's snapshot, published to the work queue through the default
 exchange under the same ``message_id`` (broker headers stripped, attempts header set), with
@@ -36,7 +38,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from rabbitretry import amqp, headers, heartbeat, ledger, validity
+from rabbitretry import amqp, headers, heartbeat, ledger, reconcile_dead_queue, validity
 from rabbitretry.consumer import Consumer
 from rabbitretry.db import UNAVAILABLE, Connection, Pool, Record, query
 from rabbitretry.errors import ConnectionLost, PublishError, UnpublishableError
@@ -59,6 +61,8 @@ class RunReport:
     leases_redriven: int = 0
     outbox_published: int = 0
     expired_skipped: int = 0
+    broker_dead_recorded: int = 0
+    """Messages found on a dead-letter queue without a ledger row, recorded dead."""
     errors: list[str] = field(default_factory=list)
     windows: list[WindowReport] = field(default_factory=list)
 
@@ -73,6 +77,7 @@ class RunReport:
             "leases_redriven": self.leases_redriven,
             "outbox_published": self.outbox_published,
             "expired_skipped": self.expired_skipped,
+            "broker_dead_recorded": self.broker_dead_recorded,
             "republished": sum(window.republished for window in self.windows),
             "missing": sum(window.missing for window in self.windows),
             "orphaned": self.orphaned,
@@ -165,6 +170,15 @@ class Reconciler:
             report.retries_redriven = await self._redrive(report, "reconcile_overdue_retries")
             report.leases_redriven = await self._redrive(report, "reconcile_expired_leases")
             report.outbox_published = await self._publish_stuck_outbox(report)
+            report.broker_dead_recorded = await reconcile_dead_queue.scan(
+                self.pool,
+                self._connection,
+                self._publisher_or_fail(),
+                self.consumers,
+                limit=self.batch_size * self.max_batches,
+                batch_size=self.batch_size,
+                errors=report.errors,
+            )
             for item in self.reconciliations:
                 report.windows.append(await self._reconcile(item, report))
         except BaseException as error:

@@ -8,6 +8,9 @@ each entity in turn on a throwaway channel:
   (``ok``) and a 406 PRECONDITION_FAILED when they are not (``mismatch``), whose reply text
   names the first argument that differs.
 
+A quorum work queue declared before rabbitretry set ``x-delivery-limit`` is such a mismatch; its
+entry says how to keep it as it is (``delivery_limit = "broker-default"``) or replace it.
+
 Nothing is created while planning: only entities that already exist are re-declared. (A queue
 deleted by someone else between the two steps would be re-created; no AMQP call avoids that.)
 Bindings cannot be inspected over AMQP at all, so they are always ``ensure``: binding is
@@ -37,6 +40,12 @@ MISMATCH_HINT = (
     "topology to match what the broker has, or delete it (`rabbitmqctl delete_queue NAME`; "
     "its messages go with it, so move them first if they matter) and declare again. "
     "The broker names only the first argument that differs."
+)
+DELIVERY_LIMIT_HINT = (
+    "this quorum queue has no (or another) x-delivery-limit: set delivery_limit in the "
+    'topology to the queue\'s value, or to "broker-default" to declare it without one '
+    "(RabbitMQ 4.x then dead-letters after 20 deliveries), or move its messages and "
+    "declare it again"
 )
 
 
@@ -146,7 +155,11 @@ async def _probe(
         return PlanEntry(kind, name, "create", summary)
     if outcome == "ok":
         outcome, text = await prober.attempt(redeclare)
-    return PlanEntry(kind, name, "ok" if outcome == "ok" else "mismatch", text)
+    if outcome == "ok":
+        return PlanEntry(kind, name, "ok", text)
+    if "'x-delivery-limit'" in text:
+        text = f"{text} ({DELIVERY_LIMIT_HINT})"
+    return PlanEntry(kind, name, "mismatch", text)
 
 
 async def _apply(prober: amqp.Prober, kind: Kind, name: str, declaration: Declaration) -> None:

@@ -11,6 +11,7 @@ A file lists ``[[exchanges]]`` and ``[[queues]]`` (see
     name = "points.award"
     type = "quorum"
     max_delay = 300
+    delivery_limit = 1000   # quorum only; the default. "broker-default": no x-delivery-limit
     bindings = [{ exchange = "orders", routing_key = "order.paid" }]
 
 :func:`load_many` reads several files (or directories of ``*.toml`` files) as one topology, so a

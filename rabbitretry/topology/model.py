@@ -4,6 +4,16 @@ A :class:`Topology` lists work queues at the level a person thinks about them (n
 type, longest retry delay, bindings); :meth:`Topology.queue_declarations` expands each into the
 concrete queues the broker must hold: the work queue, its dead-letter queue and its delay
 ladder (see :mod:`rabbitretry.naming`).
+
+A quorum work queue is always declared with an explicit ``x-delivery-limit``
+(:data:`DEFAULT_DELIVERY_LIMIT` unless the queue says otherwise). RabbitMQ 4.0 and later apply
+a limit of 20 to a quorum queue that names none, and up to 4.2 every nack with requeue counts
+against it. rabbitretry requeues, uncharged, each delivery it cannot settle while the database
+or the broker is unreachable, about once a second per consumer, so a limit of 20 would
+dead-letter the messages in hand after some twenty seconds of outage. The ledger's
+``max_attempts`` is the real retry budget; the broker's limit is only a backstop for loops that
+never reach the ledger. Whatever it dead-letters anyway is recorded by the reconciler
+(:mod:`rabbitretry.reconcile_dead_queue`).
 """
 
 from __future__ import annotations
@@ -19,6 +29,16 @@ ExchangeType = Literal["direct", "topic", "fanout", "headers"]
 Arguments = dict[str, Any]
 
 _NAME_PATTERN = r"^[A-Za-z0-9_.:\-]{1,200}$"
+
+DEFAULT_DELIVERY_LIMIT = 1000
+"""Deliveries of one message a quorum work queue allows before the broker dead-letters it.
+
+High on purpose: about a quarter of an hour of uncharged outage requeues (see above)."""
+BROKER_DEFAULT = "broker-default"
+"""``delivery_limit`` value for a quorum queue declared without ``x-delivery-limit`` before
+rabbitretry set one: declare it as it is (RabbitMQ 4.x then applies its own limit of 20)."""
+
+DeliveryLimit = int | Literal["broker-default"] | None
 
 
 class _Model(BaseModel):
@@ -70,14 +90,34 @@ class WorkQueue(_Model):
     type: QueueType = "classic"
     max_delay: float = Field(default=300.0, gt=0, description="longest retry delay, seconds")
     dead_queue: str | None = Field(default=None, pattern=_NAME_PATTERN)
-    delivery_limit: int | None = Field(default=None, ge=1, description="quorum queues only")
+    delivery_limit: DeliveryLimit = Field(
+        default=None,
+        description="quorum queues only: deliveries of a message before the broker "
+        f"dead-letters it (None: {DEFAULT_DELIVERY_LIMIT}; 'broker-default': no x-delivery-limit)",
+    )
     bindings: list[Binding] = []
+
+    @field_validator("delivery_limit")
+    @classmethod
+    def _positive_limit(cls, limit: DeliveryLimit) -> DeliveryLimit:
+        if isinstance(limit, int) and limit < 1:
+            raise ValueError(f"delivery_limit must be at least 1 (or {BROKER_DEFAULT!r})")
+        return limit
 
     @model_validator(mode="after")
     def _limit_needs_quorum(self) -> WorkQueue:
         if self.delivery_limit is not None and self.type != "quorum":
             raise ValueError(f"queue {self.name!r}: delivery_limit needs type = 'quorum'")
         return self
+
+    @property
+    def effective_delivery_limit(self) -> int | None:
+        """The ``x-delivery-limit`` the work queue is declared with (None: no such argument)."""
+        if self.type != "quorum" or self.delivery_limit == BROKER_DEFAULT:
+            return None
+        if self.delivery_limit is None:
+            return DEFAULT_DELIVERY_LIMIT
+        return int(self.delivery_limit)
 
     @property
     def dead_queue_name(self) -> str:
@@ -105,8 +145,8 @@ class WorkQueue(_Model):
             "x-dead-letter-exchange": "",
             "x-dead-letter-routing-key": self.dead_queue_name,
         }
-        if self.delivery_limit is not None:
-            work_args["x-delivery-limit"] = self.delivery_limit
+        if self.effective_delivery_limit is not None:
+            work_args["x-delivery-limit"] = self.effective_delivery_limit
         dead_args = {"x-queue-type": "quorum"} if self.type == "quorum" else {}
         queues = [
             QueueDeclaration(name=self.name, arguments=work_args, role="work"),

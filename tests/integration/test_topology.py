@@ -12,6 +12,7 @@ import pytest
 from rabbitretry import amqp
 from rabbitretry.errors import TopologyError
 from rabbitretry.topology import Binding, Exchange, Topology, WorkQueue, declare, plan, verify
+from rabbitretry.topology.model import DEFAULT_DELIVERY_LIMIT
 from tests.integration.conftest import BrokerCleanup
 
 QueueType = Literal["classic", "quorum"]
@@ -258,3 +259,33 @@ async def test_verify_raises_when_anything_is_missing_or_mismatched(
     assert f"queue '{queue_name}.delay.2s': missing" in message
     assert f"queue '{queue_name}.dead': PRECONDITION_FAILED" in message
     assert "cannot change in place" in message and "--declare" in message
+
+
+async def test_a_quorum_queue_declared_without_a_delivery_limit_is_a_mismatch(
+    amqp_connection: amqp.Connection, broker_cleanup: BrokerCleanup, queue_name: str
+) -> None:
+    """A work queue declared before rabbitretry set x-delivery-limit: plan says so, with a way out.
+
+    Redeclaring it with the limit would be a 406 PRECONDITION_FAILED, so declare refuses first.
+    """
+    wanted = WorkQueue(name=queue_name, type="quorum", max_delay=1)
+    topology = broker_cleanup.topology(Topology(queues=[wanted]))
+    work = topology.queue_declarations()[0]
+    assert work.arguments["x-delivery-limit"] == DEFAULT_DELIVERY_LIMIT
+    legacy = {k: v for k, v in work.arguments.items() if k != "x-delivery-limit"}
+    async with amqp_connection.channel() as channel:
+        await channel.declare_queue(queue_name, durable=True, arguments=legacy)
+
+    current = await plan(amqp_connection, topology)
+    [mismatch] = current.mismatches
+    assert (mismatch.kind, mismatch.name) == ("queue", queue_name)
+    assert "inequivalent arg 'x-delivery-limit'" in mismatch.detail
+    assert '"broker-default"' in mismatch.detail
+    with pytest.raises(TopologyError, match="x-delivery-limit"):
+        await declare(amqp_connection, topology)
+
+    # The way out for a queue that must keep its messages: declare it as it is.
+    as_it_is = Topology(queues=[wanted.model_copy(update={"delivery_limit": "broker-default"})])
+    assert not (await plan(amqp_connection, as_it_is)).has_mismatch
+    await declare(amqp_connection, as_it_is)
+    await verify(amqp_connection, as_it_is)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from rabbitretry.consumer import Consumer, Context
 from rabbitretry.errors import ConfigurationError
 from rabbitretry.topology import (
     Binding,
@@ -20,7 +21,7 @@ from rabbitretry.topology import (
     load_toml,
 )
 from rabbitretry.topology.apply import PlanEntry
-from rabbitretry.topology.model import QueueDeclaration
+from rabbitretry.topology.model import DEFAULT_DELIVERY_LIMIT, QueueDeclaration
 
 QUORUM = {
     "x-queue-type": "quorum",
@@ -184,6 +185,43 @@ def test_delivery_limit_needs_a_quorum_queue() -> None:
         WorkQueue(name="q", delivery_limit=5)
 
 
+def test_a_quorum_work_queue_always_declares_an_explicit_delivery_limit() -> None:
+    # RabbitMQ 4.x would otherwise apply 20, and count rabbitretry's outage requeues against it.
+    work = by_name(orders_topology("quorum"))["points.award"]
+    assert work.arguments["x-delivery-limit"] == DEFAULT_DELIVERY_LIMIT >= 20
+    assert WorkQueue(name="q", type="quorum").effective_delivery_limit == DEFAULT_DELIVERY_LIMIT
+    assert WorkQueue(name="q").effective_delivery_limit is None
+    for queue in by_name(orders_topology("quorum")).values():
+        if queue.role != "work":
+            assert "x-delivery-limit" not in queue.arguments, queue.name
+
+
+def test_broker_default_declares_a_quorum_queue_without_a_delivery_limit() -> None:
+    queues = by_name(orders_topology("quorum", delivery_limit="broker-default"))
+    assert "x-delivery-limit" not in queues["points.award"].arguments
+    assert queues["points.award"].arguments["x-queue-type"] == "quorum"
+
+
+@pytest.mark.parametrize("limit", [0, -1, "twenty"])
+def test_a_delivery_limit_is_a_positive_number_or_broker_default(limit: object) -> None:
+    with pytest.raises(ValidationError, match="delivery_limit"):
+        WorkQueue(name="q", type="quorum", delivery_limit=limit)  # type: ignore[arg-type]
+
+
+def test_a_consumer_declares_its_delivery_limit() -> None:
+    class Quorum(Consumer[dict[str, int]]):
+        queue = "q"
+        queue_type = "quorum"
+        delivery_limit = 2
+
+        async def handle(self, msg: dict[str, int], ctx: Context) -> None:
+            return None
+
+    work = Quorum.work_queue()
+    assert work.delivery_limit == 2
+    assert work.declarations()[0].arguments["x-delivery-limit"] == 2
+
+
 @pytest.mark.parametrize("name", ["", "has space", "x" * 201, "ünïcode"])
 def test_bad_queue_names_are_refused(name: str) -> None:
     with pytest.raises(ValidationError):
@@ -224,6 +262,17 @@ def test_a_toml_file_loads_into_a_topology(tmp_path: Path) -> None:
             )
         ],
     )
+
+
+def test_a_toml_file_sets_the_delivery_limit(tmp_path: Path) -> None:
+    limited = GOOD_TOML.replace("max_delay = 300", "max_delay = 300\ndelivery_limit = 50")
+    topology = load_toml(write(tmp_path, "limited.toml", limited))
+    assert by_name(topology)["points.award"].arguments["x-delivery-limit"] == 50
+    unset = GOOD_TOML.replace(
+        "max_delay = 300", 'max_delay = 300\ndelivery_limit = "broker-default"'
+    )
+    topology = load_toml(write(tmp_path, "unset.toml", unset))
+    assert "x-delivery-limit" not in by_name(topology)["points.award"].arguments
 
 
 def test_an_invalid_value_names_the_file_the_queue_and_the_field(tmp_path: Path) -> None:
@@ -314,6 +363,7 @@ def test_export_writes_rabbitmq_definitions() -> None:
     ]
     queues = {q["name"]: q for q in definitions["queues"]}
     assert len(queues) == 6
+    assert queues["points.award"]["arguments"]["x-delivery-limit"] == DEFAULT_DELIVERY_LIMIT
     assert queues["points.award.delay.4s"] == {
         "name": "points.award.delay.4s",
         "vhost": "shop",

@@ -1,0 +1,285 @@
+"""The broker's own dead letters: whatever reaches ``Q.dead`` without a ledger row is recorded.
+
+rabbitretry writes a ``dead`` ledger row before it publishes a dead letter's copy to ``Q.dead``.
+The broker can put messages there behind its back: a quorum queue's delivery limit, a policy
+(``x-message-ttl``, ``max-length``), a rejection, an operator's shovel or a hand-made publish.
+Such a message has no ledger row, so ``dead list``, the alerts and replay would never see it.
+Once per reconciler run, :func:`scan` walks each dead-letter queue and records each one as dead
+with reason ``dead-lettered-by-broker``: its body, its headers (``x-death`` included, as the
+evidence; stored as :mod:`rabbitretry.storable` does for every message) and its properties.
+
+How the queue is walked (``docs/reconciler.md`` gives the reasons):
+
+1. Take a message with ``basic.get`` and manual ack; keep it unacked while it is handled.
+2. Its key is ``(work queue, message_id)``; a message without ``message_id`` gets
+   ``missing-id:<uuid4>``. Insert a ``dead`` row unless the ledger has the key already (any row:
+   a terminal one means the copy is already recorded; a ``retrying`` or ``processing`` one
+   means the message is still in flight and the ledger, not the broker, decides its fate), or
+   unless the message carries ``x-rabbitretry-reason``: rabbitretry put that copy there after
+   recording its death, so a missing row means it was replayed, finished and pruned since.
+3. Publish the message back to the tail of the same queue, with confirms, then ack the original.
+   A copy just recorded carries rabbitretry's dead-letter headers (reason, queue, error) and,
+   for an id-less message, its generated ``message_id``; any other copy goes back unchanged.
+
+So the queue is rotated, never drained: at every moment each message is on the queue (or on it
+twice, between the confirm and the ack), and nothing is ever returned to it with a requeue,
+which on RabbitMQ 4.x would count against the quorum dead-letter queue's own delivery limit and
+drop the message past it. Each run takes at most ``limit`` messages per queue and never more
+than the queue held when it started, so one run never visits a message twice; a deep queue is
+covered over several runs. Several reconcilers may run at once: the broker hands each message
+to one of them, and the insert ignores keys that already have a row.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rabbitretry import amqp, headers, naming
+from rabbitretry.consumer import Consumer
+from rabbitretry.db import Pool, query
+from rabbitretry.errors import ConnectionLost, PublishError
+from rabbitretry.failure import Failure, rejection
+from rabbitretry.retry import RetryPolicy
+from rabbitretry.storable import encode_table, storable_text
+
+log = logging.getLogger("rabbitretry.reconciler")
+
+REASON = "dead-lettered-by-broker"
+MISSING_ID = "missing-id:"
+
+
+@dataclass(frozen=True)
+class DeadQueue:
+    """A work queue and the dead-letter queue its broker-side dead letters land in."""
+
+    queue: str
+    dead_queue: str
+    max_attempts: int
+
+
+@dataclass(frozen=True)
+class Found:
+    """A message taken off a dead-letter queue, held unacked until its copy is back."""
+
+    message: amqp.IncomingMessage
+    message_id: str
+    """The ledger key: the message's id (NULs spelled out), or a generated ``missing-id:``."""
+    recorded_before: bool
+    """The copy carries rabbitretry's dead-letter headers: its death was recorded when it was
+    published (a row missing now was replayed, finished and pruned since): never recorded."""
+    stored_headers: dict[str, Any]
+    stored_properties: dict[str, Any]
+    exchange: str
+    routing_key: str
+    failure: Failure
+
+
+async def scan(
+    pool: Pool,
+    connection: amqp.Connection | None,
+    publisher: amqp.ConfirmingPublisher,
+    consumers: Sequence[type[Consumer[Any]]],
+    *,
+    limit: int,
+    batch_size: int,
+    errors: list[str],
+) -> int:
+    """Record what the broker dead-lettered behind the ledger's back; how many were recorded.
+
+    Covers the dead-letter queue of every consumer given (custom ``dead_queue`` names need the
+    consumer) and ``Q.dead`` of every other queue the ledger knows. A dead-letter queue that
+    does not exist is skipped. A copy the broker refuses is noted in ``errors``.
+    """
+    if connection is None:
+        raise RuntimeError("the reconciler is not connected")
+    recorded = 0
+    for target in await dead_queues(pool, consumers):
+        recorded += await _scan_queue(
+            pool, connection, publisher, target, limit=limit, batch_size=batch_size, errors=errors
+        )
+    return recorded
+
+
+async def dead_queues(pool: Pool, consumers: Sequence[type[Consumer[Any]]]) -> list[DeadQueue]:
+    """The consumers' dead-letter queues, then ``Q.dead`` of every other queue in the ledger."""
+    by_queue: dict[str, DeadQueue] = {}
+    for consumer in consumers:
+        work = consumer.work_queue()
+        by_queue[work.name] = DeadQueue(
+            work.name, work.dead_queue_name, consumer.retry.max_attempts
+        )
+    default_attempts = RetryPolicy().max_attempts
+    for row in await pool.fetch(query("dead_queue_ledger_queues")):
+        queue = row["queue"]
+        by_queue.setdefault(queue, DeadQueue(queue, naming.dead_queue(queue), default_attempts))
+    return list(by_queue.values())
+
+
+async def _scan_queue(
+    pool: Pool,
+    connection: amqp.Connection,
+    publisher: amqp.ConfirmingPublisher,
+    target: DeadQueue,
+    *,
+    limit: int,
+    batch_size: int,
+    errors: list[str],
+) -> int:
+    recorded = 0
+    # A plain channel: a 404 for a missing queue closes it, and messages still unacked when it
+    # closes (a failed run) go back to the queue.
+    async with amqp.Prober(connection) as prober:
+        declared: list[Any] = []
+
+        async def passive(channel: amqp.Channel) -> None:
+            declared.append(await channel.declare_queue(target.dead_queue, passive=True))
+
+        outcome, _ = await prober.attempt(passive)
+        if outcome != "ok":
+            log.debug("%s: no dead-letter queue %r to scan", target.queue, target.dead_queue)
+            return 0
+        queue = declared[0]
+        remaining = min(limit, int(queue.declaration_result.message_count or 0))
+        while remaining > 0:
+            wanted = min(batch_size, remaining)
+            batch: list[Found] = []
+            while len(batch) < wanted:
+                message = await queue.get(no_ack=False, fail=False)
+                if message is None:
+                    break
+                batch.append(found(message, target))
+            remaining = remaining - wanted if len(batch) == wanted else 0  # 0: queue empty
+            if not batch:
+                break
+            inserted = await _record(pool, target, batch)
+            recorded += len(inserted)
+            if not await _rotate(publisher, target, batch, inserted, errors):
+                break
+    return recorded
+
+
+async def _record(pool: Pool, target: DeadQueue, found_now: list[Found]) -> set[str]:
+    batch = [f for f in found_now if not f.recorded_before]
+    if not batch:
+        return set()
+    rows = await pool.fetch(
+        query("dead_queue_record"),
+        target.queue,
+        target.max_attempts,
+        REASON,
+        [f.message_id for f in batch],
+        [f.message.body for f in batch],
+        [encode_table(f.stored_headers) for f in batch],
+        [encode_table(f.stored_properties) for f in batch],
+        [f.exchange for f in batch],
+        [f.routing_key for f in batch],
+        [f.failure.message for f in batch],
+        [f.failure.fingerprint for f in batch],
+    )
+    inserted = {row["message_id"] for row in rows}
+    for item in batch:
+        if item.message_id in inserted:
+            log.warning(
+                "%s/%s: recorded dead (%s) from %s: %s",
+                target.queue,
+                item.message_id,
+                REASON,
+                target.dead_queue,
+                item.failure.message,
+            )
+    return inserted
+
+
+async def _rotate(
+    publisher: amqp.ConfirmingPublisher,
+    target: DeadQueue,
+    batch: list[Found],
+    inserted: set[str],
+    errors: list[str],
+) -> bool:
+    """Put each message back at the tail (confirmed), then ack it; False if the broker refused."""
+    for item in batch:
+        message = item.message
+        copy_headers = headers.publishable(_without_delivery_count(message.headers))
+        if item.message_id in inserted:
+            copy_headers.update(
+                {
+                    headers.QUEUE: target.queue,
+                    headers.REASON: REASON,
+                    headers.ERROR_TYPE: REASON,
+                    headers.ERROR: item.failure.message[: headers.ERROR_HEADER_LIMIT],
+                }
+            )
+        properties = amqp.restore_properties(amqp.message_properties(message))
+        if message.reply_to:
+            properties["reply_to"] = message.reply_to
+        try:
+            await publisher.publish(
+                message.body,
+                routing_key=target.dead_queue,
+                message_id=message.message_id or item.message_id,
+                headers=copy_headers,
+                properties=properties,
+            )
+        except ConnectionLost:
+            raise  # the unacked messages go back to the queue with their channel
+        except PublishError as error:
+            errors.append(f"{target.dead_queue}: putting back {item.message_id} failed: {error}")
+            log.error("%s: putting back %s failed: %s", target.dead_queue, item.message_id, error)
+            return False
+        await message.ack()
+    return True
+
+
+def found(message: amqp.IncomingMessage, target: DeadQueue) -> Found:
+    """What the ledger stores of a message found on ``target``'s dead-letter queue."""
+    raw_headers = _without_delivery_count(message.headers)
+    deaths = headers.x_death(raw_headers)
+    exchange, routing_key = message.exchange or "", message.routing_key or ""
+    if deaths:
+        exchange = str(deaths[0].get("exchange", exchange))
+        keys = deaths[0].get("routing-keys")
+        if isinstance(keys, list) and keys:
+            routing_key = str(keys[0])
+    return Found(
+        message=message,
+        message_id=ledger_key(message.message_id),
+        recorded_before=headers.REASON in raw_headers,
+        stored_headers=raw_headers,
+        stored_properties=amqp.message_properties(message),
+        exchange=storable_text(exchange),
+        routing_key=storable_text(routing_key),
+        failure=rejection(target.queue, REASON, explain(deaths, target.dead_queue)),
+    )
+
+
+def ledger_key(message_id: str | None) -> str:
+    """The ledger's ``message_id`` for a message found on a dead-letter queue."""
+    if not message_id:
+        return f"{MISSING_ID}{uuid.uuid4()}"
+    return storable_text(message_id)
+
+
+def explain(deaths: list[dict[str, Any]], dead_queue: str) -> str:
+    """Why the message is dead, from its latest ``x-death`` entry (numbers and names vary,
+    so the error fingerprint groups these by the broker's reason)."""
+    if not deaths:
+        return (
+            f"found on {dead_queue!r} with no ledger record and no x-death header "
+            "(put there by a shovel, another application or by hand)"
+        )
+    death = deaths[0]
+    return (
+        f"RabbitMQ dead-lettered it from {str(death.get('queue', '?'))!r}, "
+        f"reason {death.get('reason', 'unknown')}, count {death.get('count', '?')}, "
+        "with no ledger record"
+    )
+
+
+def _without_delivery_count(raw: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The headers, less the count a quorum dead-letter queue adds to its own deliveries."""
+    return {key: value for key, value in (raw or {}).items() if key != "x-delivery-count"}
