@@ -255,8 +255,9 @@ class Reconciler:
             )
         except ConnectionLost:
             raise  # every next publish would fail too: end the run, the rows stay marked
-        except PublishError as error:
-            # The row stays marked: it is tried again after the grace period.
+        except (PublishError, UnpublishableError) as error:
+            # The row stays marked: it is tried again after the grace period (a snapshot that
+            # cannot be encoded is reported on each pass, and the run goes on).
             report.errors.append(f"{row['queue']}/{row['message_id']}: {error}")
             log.error("re-driving %s/%s failed: %s", row["queue"], row["message_id"], error)
             return False

@@ -123,6 +123,7 @@ def print_report(report: RunReport) -> None:
     repairs.add_row("expired leases re-driven", str(report.leases_redriven))
     repairs.add_row("stuck outbox rows published", str(report.outbox_published))
     repairs.add_row("expired work skipped", str(report.expired_skipped))
+    repairs.add_row("broker dead letters recorded", str(report.broker_dead_recorded))
     repairs.add_row("errors", str(len(report.errors)))
     out.print(repairs)
     for error in report.errors[:20]:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import datetime
 from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import Any
 
 import aio_pika
