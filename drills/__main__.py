@@ -11,7 +11,8 @@ import random
 import signal
 import sys
 
-from drills.drill import DrillConfig, DrillResult, run_drill
+from drills import private_postgres
+from drills.drill import DATABASE_CRASH_ENV, DrillConfig, DrillResult, run_drill
 from rabbitretry.settings import DEFAULT_AMQP_URL, DEFAULT_DATABASE_URL
 
 
@@ -20,9 +21,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         prog="python -m drills",
         description=(
             "Publish seeded messages (20%% transient failures, 1%% poison, 0.5%% that crash the "
-            "worker) to a supervised `rabbitretry run` worker; SIGKILL it three times, cut its "
-            "broker and database connections, restart RabbitMQ's application; then check the "
-            "ledger and the effects table: every message finished once, nothing lost. "
+            "worker, 5%% with a 1-4 s handler) to a supervised `rabbitretry run` worker; SIGKILL "
+            "it three times, cut its broker and database connections, restart RabbitMQ's "
+            "application, crash PostgreSQL (a private server of the drill's own, stopped in "
+            "immediate mode); then check the ledger and the effects table: every message "
+            "finished once, nothing lost. "
             "It restarts the broker: run it alone on a shared one (see docs/drills.md)."
         ),
     )
@@ -33,7 +36,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=float,
         help="spread publishing (and the faults) over this long (default: 18 s per 1000 messages)",
     )
-    parser.add_argument("--concurrency", "-c", type=int, default=4, help="worker consumers")
+    parser.add_argument(
+        "--concurrency", "-c", type=int, default=16, help="worker consumers (default 16)"
+    )
     parser.add_argument(
         "--settle-timeout",
         type=float,
@@ -43,7 +48,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--no-broker-restart",
         action="store_true",
-        help="skip rabbitmqctl stop_app/start_app (no rights on the broker, or not alone on it)",
+        default=os.environ.get("RABBITRETRY_DRILL_BROKER_RESTART") == "0",
+        help=(
+            "skip rabbitmqctl stop_app/start_app (no rights on the broker, or not alone on it); "
+            "RABBITRETRY_DRILL_BROKER_RESTART=0 does the same"
+        ),
+    )
+    parser.add_argument(
+        "--no-database-crash",
+        action="store_true",
+        default=os.environ.get(DATABASE_CRASH_ENV) == "0",
+        help=(
+            "skip the database crash, and with it the private PostgreSQL server it needs "
+            f"(the scratch database goes on the server given by the URL); {DATABASE_CRASH_ENV}=0 "
+            "does the same"
+        ),
     )
     parser.add_argument(
         "--keep",
@@ -53,6 +72,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.messages < 100:
         parser.error("--messages must be at least 100 (the shares need whole messages)")
+    if not args.no_database_crash and (why := private_postgres.available()):
+        parser.error(
+            f"the database crash needs a private PostgreSQL server: {why} "
+            "(or pass --no-database-crash)"
+        )
     return args
 
 
@@ -67,6 +91,7 @@ def config_from(args: argparse.Namespace) -> DrillConfig:
         concurrency=args.concurrency,
         settle_timeout=args.settle_timeout,
         restart_broker=not args.no_broker_restart,
+        crash_database=not args.no_database_crash,
         keep=args.keep,
     )
 
@@ -77,7 +102,7 @@ def default_publish_seconds(messages: int) -> float:
 
 def report(result: DrillResult) -> None:
     print(result.details())
-    for line in result.verdict.explain():
+    for line in [*result.verdict.explain(), *result.verdict.figures()]:
         print(line)
     if not result.verdict.ok:
         print(

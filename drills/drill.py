@@ -1,9 +1,11 @@
 """One drill from start to verdict: set up, publish while injecting faults, settle, verify.
 
-Everything the drill creates (a scratch database, a random queue with its delay and dead
-queues, two proxies, the worker process) is removed in a ``finally``, and every fault is undone
-there too, whether the drill passed, failed, or was interrupted with Ctrl-C. A failed drill
-(or ``keep``) leaves the scratch database and the worker log behind for a post-mortem.
+Everything the drill creates (a private PostgreSQL server when the database crash is on, a
+scratch database, a random queue with its delay and dead queues, two proxies, the worker
+process) is removed in a ``finally``, and every fault is undone there too, whether the drill
+passed, failed, or was interrupted with Ctrl-C. A failed drill (or ``keep``) leaves the scratch
+database (with its private server, stopped), the worker log and the handler starts behind for a
+post-mortem.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from urllib.parse import urlsplit, urlunsplit
 import aio_pika
 import asyncpg
 
-from drills.consumer import CREATE_EFFECTS, DrillConsumer
+from drills.consumer import CREATE_EFFECTS, STARTS_ENV, DrillConsumer
 from drills.faults import Faults
 from drills.plan import Message, Plan, make_plan
+from drills.private_postgres import PrivatePostgres, private_postgres
 from drills.supervisor import Supervisor
-from drills.verify import Verdict, unfinished, verify
+from drills.verify import Verdict, read_handler_starts, unfinished, verify
 from rabbitretry import amqp, db
 from rabbitretry.reconciler import Reconciler
 from rabbitretry.topology import Topology, declare
@@ -41,19 +44,22 @@ REPUBLISH_PAUSE = 0.5  # seconds between attempts to publish while the broker is
 # entirely (a classic queue's dead-lettering is at-most-once across a broker restart).
 RECONCILE_EVERY = 5.0
 RECONCILE_GRACE = 15.0
+DATABASE_CRASH_ENV = "RABBITRETRY_DRILL_DATABASE_CRASH"  # "0": no crash, no private server
 
 
 @dataclass(frozen=True)
 class DrillConfig:
     amqp_url: str
     database_url: str
-    """The PostgreSQL server to create the scratch database on (any database on it)."""
+    """The PostgreSQL server to create the scratch database on (any database on it), unless
+    ``crash_database`` puts it on a private server of the drill's own."""
     messages: int = 5000
     seed: int = 0
     publish_seconds: float = 90.0
-    concurrency: int = 4
+    concurrency: int = 16
     settle_timeout: float = 300.0
     restart_broker: bool = True
+    crash_database: bool = True
     keep: bool = False
 
 
@@ -67,6 +73,7 @@ class DrillResult:
     total_seconds: float
     worker_log: Path
     database: str
+    database_outages: list[float]
 
     def details(self) -> str:
         exits = ", ".join(f"{n}x exit {code}" for code, n in sorted(self.worker_exits.items()))
@@ -74,6 +81,7 @@ class DrillResult:
             f"drill: seed {self.plan.seed}; {self.verdict.attempts} attempts; worker exits: "
             f"{exits or 'none'}; {self.republished} publishes sent again; "
             f"{self.total_seconds:.0f} s in all"
+            + "".join(f"; database down {s:.1f} s" for s in self.database_outages)
         )
 
     def summary(self) -> str:
@@ -81,7 +89,8 @@ class DrillResult:
         return (
             f"drill: {v.sent} sent, {v.succeeded} succeeded, {v.dead} dead, {len(v.lost)} lost, "
             f"{len(v.duplicate_effects)} duplicate effects, "
-            f"recovered in {self.recovered_seconds:.1f} s"
+            f"{'?' if v.handler_runs is None else len(v.charged_without_run)} attempts charged "
+            f"without a handler run, recovered in {self.recovered_seconds:.1f} s"
         )
 
 
@@ -101,29 +110,38 @@ async def run_drill(config: DrillConfig, say: Callable[[str], None] = print) -> 
     clock = Clock(say)
     plan = make_plan(config.seed, config.messages, publish_seconds=config.publish_seconds)
     if not config.restart_broker:
-        plan = Plan(
-            plan.seed,
-            plan.messages,
-            [f for f in plan.faults if f.fault != "restart-broker"],
-            plan.publish_seconds,
-        )
+        plan = plan.without("restart-broker")
+    if not config.crash_database:
+        plan = plan.without("crash-database")
     queue = f"rr-drill-{secrets.token_hex(4)}"
     scratch = f"rabbitretry_drill_{secrets.token_hex(4)}"
     logs = Path(tempfile.mkdtemp(prefix="rabbitretry-drill-"))
+    starts = logs / "handler-starts.txt"
     clock.say(
         f"seed {plan.seed}: {len(plan.messages)} messages ({len(plan.of_kind('transient'))} "
         f"transient, {len(plan.of_kind('poison'))} poison, {len(plan.of_kind('crasher'))} "
-        f"crashers) on queue {queue}, database {scratch}, worker log {logs / 'worker.log'}"
+        f"crashers, {len(plan.of_kind('slow'))} slow) on queue {queue}, database {scratch}, "
+        f"worker log {logs / 'worker.log'}"
     )
-    clock.say("faults: " + ", ".join(f"{f.fault} at {f.at:.0f} s" for f in plan.faults))
+    clock.say(
+        "faults, in seconds after publishing starts: "
+        + ", ".join(f"{f.fault} at {f.at:.1f} s" for f in plan.faults)
+    )
     keep = Keep(config.keep)
     try:
-        async with (
-            scratch_database(config.database_url, scratch, keep) as database_url,
-            drill_queue(config.amqp_url, queue),
-            proxied(config.amqp_url) as broker_proxy,
-            proxied(database_url) as database_proxy,
-        ):
+        async with contextlib.AsyncExitStack() as stack:
+            server_url, server = config.database_url, None
+            if config.crash_database:
+                server = stack.enter_context(private_postgres())
+                stack.callback(_keep_server, server, keep)
+                server_url = server.url
+                clock.say(f"private PostgreSQL on 127.0.0.1:{server.port} in {server.root}")
+            database_url = await stack.enter_async_context(
+                scratch_database(server_url, scratch, keep)
+            )
+            await stack.enter_async_context(drill_queue(config.amqp_url, queue))
+            broker_proxy = await stack.enter_async_context(proxied(config.amqp_url))
+            database_proxy = await stack.enter_async_context(proxied(database_url))
             supervisor = Supervisor(
                 CONSUMER,
                 {
@@ -131,6 +149,7 @@ async def run_drill(config: DrillConfig, say: Callable[[str], None] = print) -> 
                     "RABBITRETRY_AMQP_URL": broker_proxy.url_for(config.amqp_url),
                     "RABBITRETRY_DATABASE_URL": database_proxy.url_for(database_url),
                     "RABBITRETRY_DRILL_QUEUE": queue,
+                    STARTS_ENV: str(starts),
                 },
                 logs / "worker.log",
                 concurrency=config.concurrency,
@@ -144,11 +163,12 @@ async def run_drill(config: DrillConfig, say: Callable[[str], None] = print) -> 
                 broker.hostname or "127.0.0.1",
                 broker.port or 5672,
                 clock.say,
+                database_server=server,
             )
             try:
                 supervisor.start()
                 verdict, republished, recovered = await _exercise(
-                    config, plan, queue, database_url, faults, clock
+                    config, plan, queue, database_url, faults, clock, starts
                 )
             finally:
                 faults.restore()
@@ -161,13 +181,28 @@ async def run_drill(config: DrillConfig, say: Callable[[str], None] = print) -> 
                 recovered,
                 clock.now(),
                 logs / "worker.log",
-                scratch,
+                _describe(scratch, server),
+                faults.database_outages,
             )
             keep.wanted = keep.wanted or not result.verdict.ok
             return result
     finally:
         if not keep.wanted:
             shutil.rmtree(logs, ignore_errors=True)
+
+
+def _keep_server(server: PrivatePostgres, keep: Keep) -> None:
+    if keep.wanted:
+        server.keep()
+
+
+def _describe(scratch: str, server: PrivatePostgres | None) -> str:
+    if server is None:
+        return scratch
+    return (
+        f"{scratch} on the private server in {server.root}, port {server.port} "
+        f"(start it with: {server.start_command()})"
+    )
 
 
 async def _exercise(
@@ -177,10 +212,11 @@ async def _exercise(
     database_url: str,
     faults: Faults,
     clock: Clock,
+    starts: Path,
 ) -> tuple[Verdict, int, float]:
     """Publish and inject the faults, wait for the work to settle; (verdict, re-sends, recovery)."""
     async with _reconciling(config.amqp_url, database_url):
-        return await _publish_and_settle(config, plan, queue, database_url, faults, clock)
+        return await _publish_and_settle(config, plan, queue, database_url, faults, clock, starts)
 
 
 @contextlib.asynccontextmanager
@@ -203,11 +239,15 @@ async def _publish_and_settle(
     database_url: str,
     faults: Faults,
     clock: Clock,
+    starts: Path,
 ) -> tuple[Verdict, int, float]:
+    # Fault times count from the start of publishing, as the plan's message times do.
+    published_from = clock.now()
+    clock.say(f"publishing starts ({plan.publish_seconds:.0f} s)")
     publisher = asyncio.create_task(_publish(config.amqp_url, queue, plan, clock))
     try:
         for scheduled in plan.faults:
-            await asyncio.sleep(max(0.0, scheduled.at - clock.now()))
+            await asyncio.sleep(max(0.0, published_from + scheduled.at - clock.now()))
             await faults.inject(scheduled.fault)
         last_fault_restored = clock.now()
         republished = await publisher
@@ -233,7 +273,7 @@ async def _publish_and_settle(
             "SELECT coalesce(sum(redrives), 0) FROM rabbitretry.ledger WHERE queue = $1", queue
         )
         clock.say(f"the reconciler re-drove {redriven} message(s) the broker had lost")
-        verdict = await verify(conn, queue, plan.messages)
+        verdict = await verify(conn, queue, plan.messages, read_handler_starts(starts))
     finally:
         await conn.close()
     return verdict, republished, max(0.0, settled - last_fault_restored)

@@ -3,8 +3,10 @@
 Connections are cut through TCP proxies of the drill's own on loopback (the worker reaches
 RabbitMQ and PostgreSQL only through them). The broker restart stops and starts RabbitMQ's
 application with ``rabbitmqctl``: that affects everyone on the broker, so run the drill alone
-on a shared one (see docs/drills.md). :meth:`Faults.restore` puts everything back and is
-safe to call at any time, any number of times.
+on a shared one (see docs/drills.md). The database crash stops the drill's private PostgreSQL
+server in immediate mode and starts it again (:mod:`drills.private_postgres`): it never touches
+a shared server. :meth:`Faults.restore` puts everything back and is safe to call at any time,
+any number of times.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from drills.plan import Fault
+from drills.private_postgres import PrivatePostgres
 from drills.supervisor import Supervisor
 from tests.proxy import Proxy
 
 CUT_SECONDS = 3.0  # how long a cut connection stays refused
 BROKER_DOWN_SECONDS = 2.0  # between stop_app and start_app
 BROKER_START_TIMEOUT = 120.0
+DATABASE_DOWN_SECONDS = 2.0  # between the immediate stop and the start
 
 
 @dataclass
@@ -33,8 +37,12 @@ class Faults:
     broker_host: str
     broker_port: int
     say: Callable[[str], None]
+    database_server: PrivatePostgres | None = None
+    """The drill's private PostgreSQL, which ``crash-database`` stops (None: no such fault)."""
     broker_stopped: bool = field(default=False, init=False)
     done: list[str] = field(default_factory=list, init=False)
+    database_outages: list[float] = field(default_factory=list, init=False)
+    """Seconds from each immediate stop until the server accepted connections again."""
 
     async def inject(self, fault: Fault) -> None:
         if fault == "kill":
@@ -46,6 +54,8 @@ class Faults:
             await self._cut(self.database_proxy, "database")
         elif fault == "restart-broker":
             await self._restart_broker()
+        elif fault == "crash-database":
+            await self._crash_database()
         self.done.append(fault)
 
     async def _cut(self, proxy: Proxy, what: str) -> None:
@@ -67,6 +77,24 @@ class Faults:
             self.start_broker()
         self.say("rabbitmqctl start_app: the broker answers again")
 
+    async def _crash_database(self) -> None:
+        server = self.database_server
+        if server is None:
+            raise RuntimeError("crash-database needs the drill's private PostgreSQL server")
+        self.say(f"PostgreSQL stopped in immediate mode (port {server.port})")
+        stopped = time.monotonic()
+        try:
+            await asyncio.to_thread(server.crash)
+            await asyncio.sleep(DATABASE_DOWN_SECONDS)
+        finally:
+            # Blocking on purpose: runs to the end even when the drill is being cancelled.
+            server.start()
+        self.database_outages.append(time.monotonic() - stopped)
+        self.say(
+            f"PostgreSQL started: it accepts connections again after "
+            f"{self.database_outages[-1]:.1f} s"
+        )
+
     def start_broker(self) -> None:
         """start_app, then wait until the broker answers on its port; idempotent."""
         if not self.broker_stopped:
@@ -81,10 +109,14 @@ class Faults:
         self.broker_stopped = False
 
     def restore(self) -> None:
-        """Undo whatever is still in effect: proxies open, broker application running."""
+        """Undo whatever is still in effect: proxies open, broker and database running."""
         self.broker_proxy.restore()
         self.database_proxy.restore()
-        self.start_broker()
+        try:
+            self.start_broker()
+        finally:
+            if self.database_server is not None:
+                self.database_server.start()
 
 
 def _rabbitmqctl(*args: str) -> None:

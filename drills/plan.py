@@ -7,9 +7,13 @@ Every message gets a kind, carried in its body so that the worker needs no share
 ``poison``     the handler raises ``Permanent``: dead at once
 ``crasher``    the handler kills its own process (``os._exit``) on every attempt: dead once
                the crash-loop guard sees the budget spent
+``slow``       on its first attempt the handler sleeps ``sleep`` seconds (1-4 s), then writes its
+               effect and succeeds: its claim is in flight, its handler running, when a fault
+               strikes (later attempts do not sleep: see :mod:`drills.consumer`); the ``ok``
+               messages published just before a database crash are all slow (3-4 s)
 
-Every kind writes its effect row before it fails, so an effect that survives a failed attempt
-shows up as a duplicate.
+Every other kind writes its effect row before it fails, so an effect that survives a failed
+attempt shows up as a duplicate.
 """
 
 from __future__ import annotations
@@ -18,10 +22,11 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["ok", "transient", "poison", "crasher"]
-Fault = Literal["kill", "cut-broker", "cut-database", "restart-broker"]
+Kind = Literal["ok", "transient", "poison", "crasher", "slow"]
+Fault = Literal["kill", "cut-broker", "cut-database", "restart-broker", "crash-database"]
 
-# The reference drills: three SIGKILLs, one cut of each connection, one broker restart.
+# The reference drills: three SIGKILLs, one cut of each connection, one broker restart, one
+# database crash (PostgreSQL stopped in immediate mode, started again 2 s later).
 FAULTS: tuple[Fault, ...] = (
     "kill",
     "kill",
@@ -29,7 +34,16 @@ FAULTS: tuple[Fault, ...] = (
     "cut-broker",
     "cut-database",
     "restart-broker",
+    "crash-database",
 )
+SLOW_SECONDS = (1.0, 4.0)  # a slow handler's sleep, drawn uniformly
+# Before each database crash, the ``ok`` (and ``slow``) messages published in the last
+# CRASH_BURST_SECONDS are made slow, with a handler longer than the outage (2 s down, plus the
+# stop and the start): their claims are the newest commits when PostgreSQL dies, and their
+# handlers finish after it is back. That is the path on which a claim lost with unflushed WAL
+# shows up as a lost message.
+CRASH_BURST_SECONDS = 0.6
+CRASH_BURST_SLEEP = (3.0, 4.0)
 
 
 @dataclass(frozen=True)
@@ -37,9 +51,15 @@ class Message:
     message_id: str
     kind: Kind
     fail_times: int = 0
+    sleep: float = 0.0
 
     def body(self) -> dict[str, object]:
-        return {"id": self.message_id, "kind": self.kind, "fail_times": self.fail_times}
+        return {
+            "id": self.message_id,
+            "kind": self.kind,
+            "fail_times": self.fail_times,
+            "sleep": self.sleep,
+        }
 
     @property
     def expected_status(self) -> str:
@@ -63,6 +83,11 @@ class Plan:
     def of_kind(self, kind: Kind) -> list[Message]:
         return [m for m in self.messages if m.kind == kind]
 
+    def without(self, *faults: Fault) -> Plan:
+        """The same plan with these faults left out (the others keep their times)."""
+        kept = [f for f in self.faults if f.fault not in faults]
+        return Plan(self.seed, self.messages, kept, self.publish_seconds)
+
 
 def make_plan(
     seed: int,
@@ -72,6 +97,7 @@ def make_plan(
     transient: float = 0.20,
     poison: float = 0.01,
     crashers: float = 0.005,
+    slow: float = 0.05,
     faults: tuple[Fault, ...] = FAULTS,
 ) -> Plan:
     """Exact shares (rounded) of each kind at seeded positions, faults at seeded times."""
@@ -84,6 +110,8 @@ def make_plan(
     poison_ids = set(shuffled[:n_poison])
     crash_ids = set(shuffled[n_poison : n_poison + n_crash])
     transient_ids = set(shuffled[n_poison + n_crash : n_poison + n_crash + n_transient])
+    n_failing = n_poison + n_crash + n_transient
+    slow_ids = set(shuffled[n_failing : n_failing + round(count * slow)])
 
     messages = []
     for message_id in ids:
@@ -93,9 +121,19 @@ def make_plan(
             messages.append(Message(message_id, "crasher"))
         elif message_id in transient_ids:
             messages.append(Message(message_id, "transient", fail_times=rng.choice((1, 1, 2))))
+        elif message_id in slow_ids:
+            messages.append(Message(message_id, "slow", sleep=round(rng.uniform(*SLOW_SECONDS), 1)))
         else:
             messages.append(Message(message_id, "ok"))
-    return Plan(seed, messages, fault_schedule(rng, faults, publish_seconds), publish_seconds)
+    schedule = fault_schedule(rng, faults, publish_seconds)
+    interval = publish_seconds / count
+    for crash in (f for f in schedule if f.fault == "crash-database"):
+        first = max(0, int((crash.at - CRASH_BURST_SECONDS) / interval))
+        for index in range(first, min(count, int(crash.at / interval) + 1)):
+            if messages[index].kind in ("ok", "slow"):
+                sleep = round(rng.uniform(*CRASH_BURST_SLEEP), 1)
+                messages[index] = Message(messages[index].message_id, "slow", sleep=sleep)
+    return Plan(seed, messages, schedule, publish_seconds)
 
 
 def fault_schedule(

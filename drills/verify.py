@@ -8,12 +8,28 @@ Checks, each naming the keys that break it:
 * duplicate effects: more than one effect row for a message, or any for a dead one;
 * miscounted: ``ledger.attempts`` differs from the number of attempt-log rows;
 * open attempts: an attempt-log row of a finished message without an outcome.
+
+And two figures, reported but not (yet) rules, from the handler starts the drill consumer
+records outside the database (see :mod:`drills.consumer`), compared with the attempt log:
+
+* attempts charged without a handler run: an attempt-log row whose handler never started
+  (a worker killed between its claim and its handler, a claim whose commit the worker never
+  heard of because the database went away); the goal is 0;
+* handler runs not charged: a handler start with no attempt-log row for it (a claim the ledger
+  forgot, e.g. an unflushed commit lost in a database crash, its attempt number then given
+  again). Every such run is an attempt the crash-loop guard never counted.
+
+A handler sees its attempt's number within the current budget (``ctx.attempt``): attempts
+interrupted by a shutdown are forgiven, so the attempt log's numbers are mapped to budget
+numbers before the two are compared (replays, which also forgive, do not happen in a drill).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import asyncpg
 
@@ -35,6 +51,10 @@ class Verdict:
     miscounted: list[str] = field(default_factory=list)
     open_attempts: list[str] = field(default_factory=list)
     attempts: int = 0
+    handler_runs: int | None = None
+    """Handler starts recorded (None: no record was kept, the two figures below are unknown)."""
+    charged_without_run: list[str] = field(default_factory=list)
+    uncharged_runs: list[str] = field(default_factory=list)
 
     @property
     def problems(self) -> dict[str, list[str]]:
@@ -59,6 +79,35 @@ class Verdict:
             lines.append(f"drill: {len(keys)} {name}: {shown}{more}")
         return lines
 
+    def figures(self) -> list[str]:
+        """The handler-run figures, one line each, with their keys (not rules yet; goal: 0)."""
+        if self.handler_runs is None:
+            return ["drill: handler starts were not recorded"]
+        lines = []
+        for name, keys in (
+            ("attempts charged without a handler run", self.charged_without_run),
+            ("handler runs not charged", self.uncharged_runs),
+        ):
+            shown = ": " + ", ".join(keys[:SHOWN_KEYS]) if keys else ""
+            more = f" (and {len(keys) - SHOWN_KEYS} more)" if len(keys) > SHOWN_KEYS else ""
+            lines.append(f"drill: {len(keys)} {name}{shown}{more}")
+        return lines
+
+
+HandlerStarts = Counter[tuple[str, int]]
+
+
+def read_handler_starts(path: Path) -> HandlerStarts:
+    """``(message_id, attempt)`` -> how many handler runs started, from the consumer's file."""
+    starts: HandlerStarts = Counter()
+    if not path.exists():
+        return starts
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3:  # a line cut short (the writer killed mid-write) is not a start
+            starts[(parts[0], int(parts[1]))] += 1
+    return starts
+
 
 async def unfinished(conn: asyncpg.Connection, queue: str, message_ids: Sequence[str]) -> int:
     """How many of the messages sent are not yet in a terminal state (or not in the ledger)."""
@@ -72,7 +121,12 @@ async def unfinished(conn: asyncpg.Connection, queue: str, message_ids: Sequence
     return len(message_ids) - finished
 
 
-async def verify(conn: asyncpg.Connection, queue: str, messages: Sequence[Message]) -> Verdict:
+async def verify(
+    conn: asyncpg.Connection,
+    queue: str,
+    messages: Sequence[Message],
+    handler_starts: HandlerStarts | None = None,
+) -> Verdict:
     rows = {
         row["message_id"]: row
         for row in await conn.fetch(
@@ -123,4 +177,45 @@ async def verify(conn: asyncpg.Connection, queue: str, messages: Sequence[Messag
     ]
     # A success without its effect is as wrong as a lost message: the work did not happen.
     verdict.lost += [f"{key} (succeeded without its effect)" for key in missing_effects]
+    if handler_starts is not None:
+        await _compare_handler_runs(conn, queue, messages, handler_starts, verdict)
     return verdict
+
+
+async def _compare_handler_runs(
+    conn: asyncpg.Connection,
+    queue: str,
+    messages: Sequence[Message],
+    starts: HandlerStarts,
+    verdict: Verdict,
+) -> None:
+    """Attempt-log rows against handler starts, per key and budget attempt number."""
+    sent = {m.message_id for m in messages}
+    charged: Counter[tuple[str, int]] = Counter()
+    outcomes: dict[tuple[str, int], str] = {}
+    for row in await conn.fetch(
+        "SELECT message_id, attempt, outcome, error_type,"
+        "       attempt - count(*) FILTER (WHERE outcome = 'interrupted') OVER ("
+        "           PARTITION BY message_id ORDER BY attempt"
+        "           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS budget_attempt"
+        " FROM rabbitretry.attempt WHERE queue = $1 ORDER BY message_id, attempt",
+        queue,
+    ):
+        pair = (row["message_id"], row["budget_attempt"])
+        charged[pair] += 1
+        how = row["outcome"] or "open"
+        if row["error_type"] and row["outcome"] != "succeeded":
+            how += f" {row['error_type']}"
+        outcomes[pair] = f"attempt {row['attempt']}: {how}"
+    relevant = {pair: n for pair, n in starts.items() if pair[0] in sent}
+    verdict.handler_runs = sum(relevant.values())
+    for pair in sorted(charged.keys() | relevant.keys()):
+        key, attempt = pair
+        missing_runs = charged[pair] - relevant.get(pair, 0)
+        if missing_runs > 0:
+            verdict.charged_without_run += [f"{key} ({outcomes[pair]})"] * missing_runs
+        elif missing_runs < 0:
+            runs, rows = relevant[pair], charged[pair]
+            verdict.uncharged_runs += [
+                f"{key} (attempt {attempt}: {runs} run(s), {rows} attempt row(s))"
+            ] * -missing_runs

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from pathlib import Path
+
 import asyncpg
 
 from drills.consumer import CREATE_EFFECTS, EFFECTS_TABLE
 from drills.plan import Message
-from drills.verify import unfinished, verify
+from drills.verify import HandlerStarts, read_handler_starts, unfinished, verify
 
 QUEUE = "rr-drill-verify"
 
@@ -73,3 +76,51 @@ async def test_every_rule_names_the_key_that_breaks_it(database_url: str) -> Non
     assert [key.split()[0] for key in verdict.miscounted] == ["miscounted"]
     assert verdict.succeeded == 5 and verdict.dead == 2
     assert "drill: 3 lost: stuck (retrying), never-seen (no ledger row)" in verdict.explain()[0]
+
+
+async def test_handler_runs_are_compared_with_the_attempt_log(database_url: str) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(CREATE_EFFECTS)
+        await _row(conn, "ran", "succeeded", 2, 2, 1)
+        await _row(conn, "charged", "succeeded", 2, 2, 1)
+        await _row(conn, "forgotten", "succeeded", 1, 1, 1)
+        await _row(conn, "interrupted", "succeeded", 2, 2, 1)
+        await conn.execute(
+            "UPDATE rabbitretry.attempt SET outcome = 'crashed', error_type = 'WorkerLost'"
+            " WHERE message_id = 'charged' AND attempt = 1"
+        )
+        await conn.execute(
+            "UPDATE rabbitretry.attempt SET outcome = 'interrupted'"
+            " WHERE message_id = 'interrupted' AND attempt = 1"
+        )
+        starts: HandlerStarts = Counter(
+            {
+                ("ran", 1): 1,
+                ("ran", 2): 1,
+                ("charged", 2): 1,  # attempt 1 was charged, its handler never started
+                ("forgotten", 1): 2,  # a claim lost, its attempt number given again
+                ("interrupted", 1): 2,  # forgiven: the next attempt is 1 again in the budget
+                ("not-sent", 1): 1,
+            }
+        )
+        messages = [Message(key, "ok") for key in ("ran", "charged", "forgotten", "interrupted")]
+        verdict = await verify(conn, QUEUE, messages, starts)
+        unknown = await verify(conn, QUEUE, messages)
+    finally:
+        await conn.close()
+
+    assert verdict.handler_runs == 7
+    assert verdict.charged_without_run == ["charged (attempt 1: crashed WorkerLost)"]
+    assert verdict.uncharged_runs == ["forgotten (attempt 1: 2 run(s), 1 attempt row(s))"]
+    assert verdict.ok  # figures, not rules (yet)
+    assert verdict.figures()[0].startswith("drill: 1 attempts charged without a handler run")
+    assert unknown.handler_runs is None
+    assert unknown.figures() == ["drill: handler starts were not recorded"]
+
+
+def test_handler_starts_are_read_from_the_consumers_file(tmp_path: Path) -> None:
+    path = tmp_path / "starts"
+    assert read_handler_starts(path) == Counter()
+    path.write_text("m1 1 100\nm1 1 101\nm2 3 100\nm3 2")  # the last line cut short
+    assert read_handler_starts(path) == Counter({("m1", 1): 2, ("m2", 3): 1})
