@@ -48,6 +48,7 @@ from rabbitretry.storable import storable_text
 log = logging.getLogger("rabbitretry.worker")
 
 REQUEUE_PAUSE = 1.0  # seconds before requeueing a delivery after an unexpected error
+UNSTORABLE_PREFIX = "unstorable-id:"  # the key of a message whose own id the ledger refuses
 SHUTDOWN_CLAIM_WAIT = 5.0  # seconds a shutdown waits for a claim in flight, to give it back
 
 
@@ -199,7 +200,7 @@ class Pipeline:
 
     async def _unstorable(self, key: Key, snapshot: Snapshot, error: Exception) -> Outcome:
         """The ledger refused this message's data: dead at once, under a key it accepts."""
-        stored_key = Key(self.queue, f"unstorable-id:{storable_text(key.message_id)}")
+        stored_key = Key(self.queue, UNSTORABLE_PREFIX + storable_text(key.message_id))
         detail = (
             f"the ledger cannot store this message ({type(error).__name__}: "
             f"{message_of(error)}); it is kept under the escaped key {stored_key.message_id!r}"
@@ -329,14 +330,19 @@ class Pipeline:
 
     async def _reject(self, key: Key, reason: str, detail: str, snapshot: Snapshot) -> Outcome:
         failure = rejection(self.queue, reason, detail)
-        log.error("%s: dead on arrival (%s): %s", key, reason, detail)
-        stored = await self.ledger.record_rejected(
-            key,
-            max_attempts=self.policy.max_attempts,
-            reason=reason,
-            failure=failure,
-            snapshot=snapshot,
-        )
+        try:
+            stored = await self.ledger.record_rejected(
+                key,
+                max_attempts=self.policy.max_attempts,
+                reason=reason,
+                failure=failure,
+                snapshot=snapshot,
+            )
+        except Exception as error:
+            if not db.is_content_error(error) or key.message_id.startswith(UNSTORABLE_PREFIX):
+                raise
+            return await self._unstorable(key, snapshot, error)
+        log.error("%s: dead on arrival (%s): %s", storable_text(str(key)), reason, detail)
         if stored:
             await self._publish_dead(key, snapshot, reason, failure, 0)
         return Outcome(key, "dead")

@@ -115,23 +115,25 @@ async def test_headers_and_properties_the_database_refuses_are_stored_escaped(
             assert snapshot.properties[name] == properties[name]
 
 
+@pytest.mark.parametrize("body", [b'{"n": 1}', b'{"n": 1}' + b" " * 2000], ids=["ok", "too-large"])
 async def test_a_message_id_the_database_refuses_is_dead_as_unstorable(
     amqp_url: str,
     database_url: str,
     pool: asyncpg.Pool,
     queue_name: str,
     cleanup: list[type[Consumer[Any]]],
+    body: bytes,
 ) -> None:
-    consumer = make_consumer(queue_name, _ok, policy=FAST)
+    consumer = make_consumer(queue_name, _ok, policy=FAST, max_body_bytes=1000)
     cleanup.append(consumer)
     async with running_worker([consumer], amqp_url, database_url):
-        await publish_raw(amqp_url, queue_name, b'{"n": 1}', message_id="m\x00id")
+        await publish_raw(amqp_url, queue_name, body, message_id="m\x00id")
         await healthy_messages_succeed(amqp_url, pool, queue_name)
         (row,) = await wait_for(lambda: dead_rows(pool, queue_name, "unstorable"))
         await nothing_left_on(amqp_url, queue_name)
     assert row["message_id"] == "unstorable-id:m\\x00id"
     assert "cannot be converted to text" in row["error_message"] or "0x00" in row["error_message"]
-    assert bytes(row["payload"]) == b'{"n": 1}'
+    assert bytes(row["payload"]) == body
 
 
 async def test_a_failure_message_with_a_nul_is_stored(
