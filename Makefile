@@ -3,13 +3,14 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: help venv demo demo-shop test test-unit lint services clean drill bench bench-quick
+.PHONY: help venv demo demo-shop test test-unit fuzz lint services clean drill bench bench-quick
 
 help:
 	@echo "make demo      run the demo against the local RabbitMQ and PostgreSQL"
 	@echo "make demo-shop the outbox and exactly-once points"
 	@echo "make test      the whole test suite (unit, integration, acceptance, drills)"
 	@echo "make test-unit only the tests that need no services"
+	@echo "make fuzz      the generated hostile-input tier with thousands of cases (Hypothesis)"
 	@echo "make drill     the full fault drill (restarts RabbitMQ's application, crashes a private"
 	@echo "               PostgreSQL of its own; DRILL_ARGS=--help)"
 	@echo "make lint      ruff and mypy --strict"
@@ -35,6 +36,9 @@ test: venv
 
 test-unit: venv
 	$(BIN)/python -m pytest tests/unit
+
+fuzz: venv
+	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -m generated tests/generated --hypothesis-show-statistics
 
 drill: venv
 	$(BIN)/python -m drills $(DRILL_ARGS)
