@@ -23,6 +23,7 @@ from aio_pika.abc import (
     DeliveryMode,
 )
 
+from rabbitretry import lenient_frames
 from rabbitretry.errors import (
     ConnectionLost,
     PublishError,
@@ -31,8 +32,13 @@ from rabbitretry.errors import (
     UnpublishableError,
     UnroutableError,
 )
+from rabbitretry.headers import publishable_properties
 from rabbitretry.settings import mask_url
 from rabbitretry.wire import why_unencodable
+
+# A foreign message the client cannot decode would close the connection, again on every
+# redelivery: decode what can be decoded leniently (rabbitretry/lenient_frames.py).
+lenient_frames.install()
 
 IncomingMessage = AbstractIncomingMessage
 Channel = AbstractChannel
@@ -252,7 +258,7 @@ def message_properties(message: IncomingMessage) -> dict[str, Any]:
 
 def restore_properties(snapshot: Mapping[str, Any]) -> dict[str, Any]:
     """The inverse of :func:`message_properties`, for a copy rebuilt from the ledger."""
-    props = dict(snapshot)
+    props = publishable_properties(snapshot)
     if "timestamp" in props:
         props["timestamp"] = datetime.fromtimestamp(float(props["timestamp"]), tz=UTC)
     return props

@@ -14,6 +14,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from rabbitretry.storable import storable_text
 from rabbitretry.wire import fits_amqp_decimal, is_utf8
 
 ATTEMPTS = "x-rabbitretry-attempts"
@@ -50,6 +51,18 @@ def publishable(table: Mapping[str, Any]) -> dict[str, Any]:
     array), anything else that cannot travel travels as text.
     """
     return {str(key): _publishable(value) for key, value in table.items()}
+
+
+def publishable_properties(properties: Mapping[str, Any]) -> dict[str, Any]:
+    """Message properties a copy can carry: text that is not UTF-8 is sent escaped.
+
+    Such text arrives from producers whose ``correlation_id`` or ``type`` holds raw bytes (the
+    client keeps them as lone surrogates); a property has no byte-array form to keep them in.
+    """
+    return {
+        name: storable_text(value) if isinstance(value, str) and not is_utf8(value) else value
+        for name, value in properties.items()
+    }
 
 
 def _publishable(value: Any) -> Any:

@@ -358,7 +358,7 @@ class Pipeline:
                 routing_key=naming.delay_queue(self.queue, rung),
                 message_id=key.message_id,
                 headers=headers.republished(snapshot.headers, attempts),
-                properties=snapshot.properties,
+                properties=headers.publishable_properties(snapshot.properties),
             )
         except UnpublishableError as error:
             # Content the broker cannot take back: without a copy the message would loop
@@ -393,7 +393,7 @@ class Pipeline:
                 error_type=failure.type,
                 error=failure.message,
             ),
-            properties=snapshot.properties,
+            properties=headers.publishable_properties(snapshot.properties),
         )
 
     @contextlib.asynccontextmanager
