@@ -2,7 +2,8 @@
 
 ``statements`` holds the typed calls over the named SQL statements, ``commits`` the commit
 groups that write concurrent attempts together, and ``attempts`` the one interface through which
-the delivery pipeline writes.
+the delivery pipeline writes. What is exported here serves readers of the ledger (operations,
+the reconciler, the console) and tests that set up a state.
 """
 
 from rabbitretry.ledger.attempts import AttemptLedger
@@ -13,13 +14,7 @@ from rabbitretry.ledger.statements import (
     Snapshot,
     Verdict,
     claim,
-    claim_of,
-    confirm_retry_copy,
-    finish,
     get,
-    interrupt,
-    record_rejected,
-    renew_lease,
     schedule_retry,
     snapshot_of,
 )
@@ -33,13 +28,7 @@ __all__ = [
     "SuccessRequest",
     "Verdict",
     "claim",
-    "claim_of",
-    "confirm_retry_copy",
-    "finish",
     "get",
-    "interrupt",
-    "record_rejected",
-    "renew_lease",
     "schedule_retry",
     "snapshot_of",
 ]
