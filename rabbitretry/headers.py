@@ -50,7 +50,12 @@ def publishable(table: Mapping[str, Any]) -> dict[str, Any]:
     the ledger may be a decimal the wire format cannot carry. Bytes stay bytes (as a byte
     array), anything else that cannot travel travels as text.
     """
-    return {str(key): _publishable(value) for key, value in table.items()}
+    return {_publishable_name(str(key)): _publishable(value) for key, value in table.items()}
+
+
+def _publishable_name(name: str) -> str:
+    # A header name that was not UTF-8 arrives holding lone surrogates; names are text only.
+    return name if is_utf8(name) else storable_text(name)
 
 
 def publishable_properties(properties: Mapping[str, Any]) -> dict[str, Any]:

@@ -47,3 +47,9 @@ def test_the_attempts_header_is_bounded(value: Any, attempts: int) -> None:
 def test_x_death_is_read_only_when_well_formed() -> None:
     assert headers.x_death({"x-death": [{"count": 2}, "junk"]}) == [{"count": 2}]
     assert headers.x_death({"x-death": "junk"}) == []
+
+
+def test_a_header_name_that_was_not_utf8_travels_escaped() -> None:
+    table = headers.publishable({"k\udcff": 1})
+    assert table == {"k\\udcff": 1}
+    encode.field_table(table)
