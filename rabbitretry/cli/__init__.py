@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
+from rabbitretry import __version__, logs
 from rabbitretry.cli import (
     alerts,
     console,
@@ -29,8 +32,48 @@ app = typer.Typer(
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"rabbitretry {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    log_level: Annotated[
+        logs.Level | None,
+        typer.Option(
+            envvar="RABBITRETRY_LOG_LEVEL",
+            case_sensitive=False,
+            help="Log this level and above (default info; a command's -v means debug).",
+            show_default=False,
+        ),
+    ] = None,
+    log_format: Annotated[
+        logs.Format,
+        typer.Option(
+            envvar="RABBITRETRY_LOG_FORMAT",
+            case_sensitive=False,
+            help="text, or json: one JSON object per line, for log pipelines.",
+        ),
+    ] = logs.Format.text,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the version and exit.",
+        ),
+    ] = False,
+) -> None:
+    logs.choose(log_level, log_format)
+
+
 app.add_typer(migrate.app, name="db")
 app.add_typer(topology.app, name="topology")
 app.command("run")(run.run)
@@ -45,4 +88,4 @@ app.command("console")(console.console)
 
 
 def main() -> None:
-    app()
+    app(prog_name="rabbitretry")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import logging
 import re
 import sys
 from collections.abc import Callable, Coroutine
@@ -17,6 +16,7 @@ import asyncpg
 import typer
 from rich.console import Console
 
+from rabbitretry import logs
 from rabbitretry.consumer import Consumer
 from rabbitretry.delivery.worker import topology_of
 from rabbitretry.errors import ConfigurationError, RabbitRetryError
@@ -158,9 +158,5 @@ def age(moment: datetime | None, now: datetime | None = None) -> str:
 
 
 def configure_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-    )
-    logging.getLogger("aio_pika").setLevel(logging.WARNING)
-    logging.getLogger("aiormq").setLevel(logging.WARNING)
+    """The global ``--log-level`` and ``--log-format`` (rabbitretry/logs.py); -v: debug."""
+    logs.configure(verbose)

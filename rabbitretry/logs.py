@@ -1,0 +1,106 @@
+"""How the command line logs: the level, and text (the default) or one JSON object per line.
+
+``rabbitretry --log-level LEVEL --log-format json COMMAND`` (or ``RABBITRETRY_LOG_LEVEL`` and
+``RABBITRETRY_LOG_FORMAT``) chooses; a command that logs applies the choice with
+:func:`configure`. The library itself never configures logging: an application that runs a
+:class:`~rabbitretry.Worker` keeps its own handlers, and can use :class:`JsonFormatter` in them.
+
+Log records of the delivery path carry structured fields (``extra``): ``queue``,
+``message_id``, ``attempt``, ``outcome``, ``reason``, ``duration`` and ``worker``, as far as
+they are known when the line is logged. The JSON format writes them as keys of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, TextIO
+
+TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+QUIET_LIBRARIES = ("aio_pika", "aiormq")
+"""Chatty below WARNING; their level is not lowered by ``--log-level``."""
+
+
+class Level(StrEnum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+    critical = "critical"
+
+
+class Format(StrEnum):
+    text = "text"
+    json = "json"
+
+
+# Attributes every LogRecord has: anything else on a record came from ``extra``.
+_STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: ``time`` (UTC, ISO 8601), ``level``, ``logger``,
+    ``message``, then the record's ``extra`` fields, and ``exception`` with its traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name, value in record.__dict__.items():
+            if name not in _STANDARD and not name.startswith("_") and name not in entry:
+                entry[name] = value
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            entry["exception"] = record.exc_text
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        # ASCII only: a message_id may hold a lone surrogate, which no stream can encode.
+        return json.dumps(entry, default=str)
+
+
+_chosen_level: Level | None = None
+_chosen_format: Format = Format.text
+_installed: logging.Handler | None = None
+
+
+def choose(level: Level | None = None, log_format: Format = Format.text) -> None:
+    """Remember the command line's choice; :func:`configure` applies it."""
+    global _chosen_level, _chosen_format
+    _chosen_level = level
+    _chosen_format = log_format
+
+
+def configure(verbose: bool = False, *, stream: TextIO | None = None) -> logging.Handler:
+    """Log to stderr at the chosen level (``verbose``: DEBUG), in the chosen format.
+
+    Replaces the handler an earlier call installed, and nothing else on the root logger.
+    """
+    global _installed
+    if verbose:
+        level = logging.DEBUG
+    elif _chosen_level is not None:
+        level = logging.getLevelNamesMapping()[_chosen_level.upper()]
+    else:
+        level = logging.INFO
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(
+        JsonFormatter() if _chosen_format is Format.json else logging.Formatter(TEXT_FORMAT)
+    )
+    root = logging.getLogger()
+    if _installed is not None:
+        root.removeHandler(_installed)
+    root.addHandler(handler)
+    root.setLevel(level)
+    _installed = handler
+    for name in QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(max(level, logging.WARNING))
+    # Python's warnings are printed as text; in JSON, every line of the stream must be JSON.
+    logging.captureWarnings(_chosen_format is Format.json)
+    return handler
