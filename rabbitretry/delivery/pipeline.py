@@ -92,9 +92,11 @@ class Pipeline:
         except Exception as error:
             return await self._unsettled(message, error)
         if outcome.result == "requeued":
-            return await self._requeue(message, outcome)
+            return self._logged(await self._requeue(message, outcome), received_at)
         await _settle(message, requeue=False)
-        return replace(outcome, published_at=message.timestamp, received_at=received_at)
+        return self._logged(
+            replace(outcome, published_at=message.timestamp, received_at=received_at), received_at
+        )
 
     async def _unsettled(self, message: IncomingMessage, error: Exception) -> Outcome:
         """A delivery whose outcome could not be recorded: requeue it, after a pause."""
@@ -103,7 +105,12 @@ class Pipeline:
         elif isinstance(error, ConnectionLost):
             self.broker_gate.report(error)
         elif isinstance(error, PublishError):
-            log.error("%s: %s; message requeued, the ledger keeps its state", self.queue, error)
+            log.error(
+                "%s: %s; message requeued, the ledger keeps its state",
+                self.queue,
+                error,
+                extra=self._fields(message_id=message.message_id, outcome="requeued"),
+            )
             await asyncio.sleep(REQUEUE_PAUSE)
         else:
             log.error(
@@ -112,6 +119,7 @@ class Pipeline:
                 self.queue,
                 storable_text(message.message_id or ""),
                 exc_info=error,
+                extra=self._fields(message_id=message.message_id, outcome="requeued"),
             )
             await asyncio.sleep(REQUEUE_PAUSE)
         # Wait for the service to answer, so that the redelivery does not meet the outage.
@@ -163,7 +171,13 @@ class Pipeline:
                 return Outcome(key, "requeued")
             raise
         if claim.verdict in ("finished", "stale"):
-            log.debug("%s: %s copy dropped (%s)", key, claim.verdict, claim.status)
+            log.debug(
+                "%s: %s copy dropped (%s)",
+                key,
+                claim.verdict,
+                claim.status,
+                extra=self._fields(key, attempt=claim.attempt, outcome="dropped"),
+            )
             return Outcome(key, "dropped", claim.attempt)
         if claim.verdict in ("busy", "not-due"):
             # Hold the copy in the delay ladder until the claim can succeed.
@@ -172,7 +186,12 @@ class Pipeline:
                 return await self._reject(key, "unpublishable", refused, snapshot)
             return Outcome(key, "parked", claim.attempt)
         if claim.verdict == "exhausted":
-            log.error("%s: dead after %d attempts: the worker died in the last", key, claim.attempt)
+            log.error(
+                "%s: dead (crashed) after %d attempts: the worker died in the last",
+                key,
+                claim.attempt,
+                extra=self._fields(key, attempt=claim.attempt, outcome="dead", reason="crashed"),
+            )
             row = await self.ledger.get(key)
             failure = rejection(self.queue, "WorkerLost", row["error_message"] if row else "")
             await self._publish_dead(key, snapshot, "crashed", failure, claim.attempt)
@@ -183,7 +202,12 @@ class Pipeline:
             # A shutdown, at any step of the attempt: it does not count.
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.ledger.interrupt(key, claim.attempt))
-            log.warning("%s: attempt %d interrupted by shutdown, requeued", key, claim.attempt)
+            log.warning(
+                "%s: attempt %d interrupted by shutdown, requeued",
+                key,
+                claim.attempt,
+                extra=self._fields(key, attempt=claim.attempt, outcome="interrupted"),
+            )
             raise
 
     async def _claim(self, request: ClaimRequest) -> Claim:
@@ -239,7 +263,14 @@ class Pipeline:
         if result.outcome == "succeeded":
             return await self._succeeded(key, claim, result)
         if result.outcome == "skipped":
-            log.info("%s: skipped (%s), the handler is not called", key, result.reason)
+            log.info(
+                "%s: skipped (%s), the handler is not called",
+                key,
+                result.reason,
+                extra=self._fields(
+                    key, attempt=claim.attempt, outcome="skipped", reason=result.reason
+                ),
+            )
             if not await self.ledger.finish(
                 key, claim.attempt, "skipped", reason=result.reason or ""
             ):
@@ -247,6 +278,11 @@ class Pipeline:
             return Outcome(key, "skipped", claim.attempt)
         assert result.failure is not None
         if result.outcome == "dead":
+            reason = result.reason or ""
+            if not await self.ledger.finish(
+                key, claim.attempt, "dead", reason=reason, failure=result.failure
+            ):
+                return await self._missed(key, claim.attempt, "dead mark")
             log.error(
                 "%s: dead (%s) after attempt %d: %s: %s",
                 key,
@@ -254,12 +290,8 @@ class Pipeline:
                 claim.attempt,
                 result.failure.type,
                 result.failure.message,
+                extra=self._fields(key, attempt=claim.attempt, outcome="dead", reason=reason),
             )
-            reason = result.reason or ""
-            if not await self.ledger.finish(
-                key, claim.attempt, "dead", reason=reason, failure=result.failure
-            ):
-                return await self._missed(key, claim.attempt, "dead mark")
             await self._publish_dead(key, snapshot, reason, result.failure, claim.attempt)
             return Outcome(key, "dead", claim.attempt)
         return await self._retrying(key, claim, snapshot, result.delay or 0.0, result.failure)
@@ -290,6 +322,7 @@ class Pipeline:
             failure.type,
             failure.message,
             wait,
+            extra=self._fields(key, attempt=claim.attempt, outcome="retrying"),
         )
         refused = await self._publish_delayed(key, snapshot, wait, claim.attempt)
         if refused is not None:
@@ -317,6 +350,7 @@ class Pipeline:
                 key,
                 what,
                 attempt,
+                extra=self._fields(key, attempt=attempt, outcome="dropped"),
             )
             return Outcome(key, "dropped", attempt)
         log.warning(
@@ -325,6 +359,7 @@ class Pipeline:
             key,
             what,
             attempt,
+            extra=self._fields(key, attempt=attempt, outcome="requeued"),
         )
         return Outcome(key, "requeued", attempt)
 
@@ -342,9 +377,23 @@ class Pipeline:
             if not db.is_content_error(error) or key.message_id.startswith(UNSTORABLE_PREFIX):
                 raise
             return await self._unstorable(key, snapshot, error)
-        log.error("%s: dead on arrival (%s): %s", storable_text(str(key)), reason, detail)
-        if stored:
-            await self._publish_dead(key, snapshot, reason, failure, 0)
+        if not stored:
+            # A copy of a message the ledger already holds (its first copy was refused too).
+            log.debug(
+                "%s: copy refused (%s) again; the ledger already has the message",
+                storable_text(str(key)),
+                reason,
+                extra=self._fields(key, reason=reason),
+            )
+            return Outcome(key, "dead")
+        log.error(
+            "%s: dead (%s): %s",
+            storable_text(str(key)),
+            reason,
+            detail,
+            extra=self._fields(key, outcome="dead", reason=reason),
+        )
+        await self._publish_dead(key, snapshot, reason, failure, 0)
         return Outcome(key, "dead")
 
     async def _publish_delayed(
@@ -376,7 +425,14 @@ class Pipeline:
         try:
             await self._publish_dead_copy(key, snapshot, reason, failure, attempts)
         except UnpublishableError as error:
-            log.error("%s: dead in the ledger; no copy on %s: %s", key, self.dead_queue, error)
+            # Not a second death line: the dead letter is in the ledger, logged already.
+            log.warning(
+                "%s: dead in the ledger; no copy on %s: %s",
+                key,
+                self.dead_queue,
+                error,
+                extra=self._fields(key, attempt=attempts or None),
+            )
 
     async def _publish_dead_copy(
         self, key: Key, snapshot: Snapshot, reason: str, failure: Failure, attempts: int
@@ -406,10 +462,20 @@ class Pipeline:
                 await asyncio.sleep(lease / 3)
                 try:
                     if not await self.ledger.renew_lease(key, attempt, lease):
-                        log.warning("%s: attempt %d lost its lease", key, attempt)
+                        log.warning(
+                            "%s: attempt %d lost its lease",
+                            key,
+                            attempt,
+                            extra=self._fields(key, attempt=attempt),
+                        )
                         return
                 except Exception as error:
-                    log.warning("%s: lease renewal failed (%s), will try again", key, error)
+                    log.warning(
+                        "%s: lease renewal failed (%s), will try again",
+                        key,
+                        error,
+                        extra=self._fields(key, attempt=attempt),
+                    )
 
         renewer = asyncio.create_task(renew())
         try:
@@ -418,6 +484,38 @@ class Pipeline:
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
+
+    def _fields(
+        self, key: Key | None = None, *, message_id: str | None = None, **known: object
+    ) -> dict[str, object]:
+        """The structured fields of a delivery's log line (``extra``, see rabbitretry/logs.py):
+        queue, message_id, worker, and those of ``known`` that are not None."""
+        fields = {
+            "queue": self.queue,
+            "message_id": key.message_id if key is not None else message_id,
+            "worker": self.worker_id,
+            **known,
+        }
+        return {name: value for name, value in fields.items() if value is not None}
+
+    def _logged(self, outcome: Outcome, received_at: datetime) -> Outcome:
+        """The line that ends each delivery (DEBUG, ``run -v``): its outcome and duration."""
+        duration = (datetime.now(UTC) - received_at).total_seconds()
+        log.debug(
+            "%s: %s (attempt %d, %.3f s)",
+            storable_text(str(outcome.key or self.queue)),
+            outcome.result,
+            outcome.attempt,
+            duration,
+            extra=self._fields(
+                outcome.key,
+                attempt=outcome.attempt or None,
+                outcome=outcome.result,
+                duration=round(duration, 6),
+                handler_duration=outcome.handler_seconds,
+            ),
+        )
+        return outcome
 
 
 def broker_probe(publisher: ConfirmingPublisher) -> Callable[[], Awaitable[None]]:
@@ -448,6 +546,7 @@ async def _settle(message: IncomingMessage, *, requeue: bool) -> None:
             "delivery %s could not be settled (%s); the broker redelivers it",
             message.message_id,
             error,
+            extra={"message_id": message.message_id},
         )
 
 
