@@ -1,14 +1,16 @@
 """Prometheus metrics: what a worker observes per delivery, and gauges read from the ledger.
 
-A worker started with ``--metrics-port`` serves both on ``/metrics``. The ledger gauges are
-read at scrape time (a handful of indexed queries), so every worker, and the console, shows the
-same numbers; :func:`render_ledger_metrics` is what the console mounts.
+A worker started with ``--metrics-port`` serves both on ``/metrics``, and its health on
+``/healthz``. The ledger gauges are read at scrape time (a handful of indexed queries), so every
+worker, and the console, shows the same numbers; :func:`render_ledger_metrics` is what the
+console mounts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import UTC, datetime
@@ -26,6 +28,7 @@ from prometheus_client.registry import Collector
 from rabbitretry import db, heartbeat, levels
 from rabbitretry.db import UNAVAILABLE, Executor, Pool, query
 from rabbitretry.delivery.outcome import FINISHED, Outcome
+from rabbitretry.delivery.worker import Health
 
 log = logging.getLogger("rabbitretry.metrics")
 
@@ -33,6 +36,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400)
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50)
+HEALTH_TIMEOUT = 2.0  # seconds /healthz waits for the database's answer
 LEDGER_STATUSES = ("retrying", "processing", "dead")
 
 
@@ -175,23 +179,26 @@ async def render_ledger_metrics(executor: Executor) -> bytes:
     return generate_latest(registry)
 
 
-Render = Callable[[], Awaitable[bytes]]
+Response = tuple[str, str, bytes]  # status line, content type, body
+Route = Callable[[], Awaitable[Response]]
 
 
 async def _serve_http(
-    render: Render, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    routes: dict[bytes, Route], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 ) -> None:
     try:
         request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
         path = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b""
-        if path.split(b"?")[0] not in (b"/metrics", b"/"):
-            body, status, kind = b"not found: try /metrics\n", "404 Not Found", "text/plain"
+        route = routes.get(path.split(b"?")[0])
+        if route is None:
+            status, kind = "404 Not Found", "text/plain"
+            body = b"not found: try /metrics or /healthz\n"
         else:
             try:
-                body, status, kind = await render(), "200 OK", CONTENT_TYPE
+                status, kind, body = await route()
             except Exception:
-                log.exception("could not render the metrics")
-                body, status, kind = b"could not render the metrics\n", "500 Error", "text/plain"
+                log.exception("could not answer %s", path.decode(errors="replace"))
+                status, kind, body = "500 Error", "text/plain", b"internal error\n"
         writer.write(
             f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n"
             "Connection: close\r\n\r\n".encode()
@@ -204,18 +211,51 @@ async def _serve_http(
         writer.close()
 
 
+async def database_check(pool: Pool) -> str:
+    """``"ok"`` when the database answers a query within HEALTH_TIMEOUT, else why not."""
+    try:
+        async with asyncio.timeout(HEALTH_TIMEOUT):
+            await pool.fetchval("SELECT 1")
+    except TimeoutError:
+        return f"the database did not answer within {HEALTH_TIMEOUT:g} s"
+    except Exception as error:
+        return f"the database does not answer: {type(error).__name__}: {error}"
+    return "ok"
+
+
+async def health_response(health: Callable[[], Health] | None, pool: Pool | None) -> Response:
+    """``/healthz``: 200 and ``{"status": "ok", "checks": {...}}`` when every check is ok,
+    else 503 and ``"status": "unavailable"``; each check says ``"ok"`` or what is wrong."""
+    checks = dict(health().checks) if health is not None else {}
+    if pool is not None:
+        checks["database"] = await database_check(pool)
+    ok = all(state == "ok" for state in checks.values())
+    document = {"status": "ok" if ok else "unavailable", "checks": checks}
+    body = (json.dumps(document) + "\n").encode()
+    return ("200 OK" if ok else "503 Service Unavailable"), "application/json", body
+
+
 @contextlib.asynccontextmanager
 async def serving(
-    metrics: WorkerMetrics, pool: Pool | None, port: int, host: str = "0.0.0.0"
+    metrics: WorkerMetrics,
+    pool: Pool | None,
+    port: int,
+    host: str = "127.0.0.1",
+    health: Callable[[], Health] | None = None,
 ) -> AsyncIterator[int]:
     """Serve ``/metrics`` (the worker's metrics, and the ledger gauges when ``pool`` is given)
-    on ``host:port`` (port 0: any free one); yields the port."""
+    and ``/healthz`` (``health``'s checks, and the database's when ``pool`` is given) on
+    ``host:port`` (port 0: any free one); yields the port."""
 
-    async def render() -> bytes:
+    async def render() -> Response:
         ledger = await render_ledger_metrics(pool) if pool is not None else b""
-        return metrics.render() + ledger
+        return "200 OK", CONTENT_TYPE, metrics.render() + ledger
 
-    server = await asyncio.start_server(lambda r, w: _serve_http(render, r, w), host, port)
+    async def healthz() -> Response:
+        return await health_response(health, pool)
+
+    routes: dict[bytes, Route] = {b"/metrics": render, b"/": render, b"/healthz": healthz}
+    server = await asyncio.start_server(lambda r, w: _serve_http(routes, r, w), host, port)
     try:
         yield int(server.sockets[0].getsockname()[1])
     finally:
@@ -224,13 +264,19 @@ async def serving(
 
 
 @contextlib.asynccontextmanager
-async def worker_endpoint(database_url: str, port: int) -> AsyncIterator[WorkerMetrics]:
+async def worker_endpoint(
+    database_url: str,
+    port: int,
+    host: str = "127.0.0.1",
+    health: Callable[[], Health] | None = None,
+) -> AsyncIterator[WorkerMetrics]:
     """For ``rabbitretry run --metrics-port``: metrics, a small pool of their own, the server."""
     pool = await db.create_pool(database_url, min_size=1, max_size=2)
     try:
         metrics = WorkerMetrics(pool)
-        async with serving(metrics, pool, port):
-            log.info("metrics on http://0.0.0.0:%d/metrics", port)
+        async with serving(metrics, pool, port, host, health) as bound:
+            base = f"http://{f'[{host}]' if ':' in host else host}:{bound}"
+            log.info("metrics on %s/metrics, health on %s/healthz", base, base)
             yield metrics
     finally:
         await pool.close()

@@ -39,8 +39,16 @@ async def run(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every delivery.")] = False,
     metrics_port: Annotated[
         int | None,
-        typer.Option(min=0, max=65535, help="Serve Prometheus metrics on this port (/metrics)."),
+        typer.Option(
+            min=0,
+            max=65535,
+            help="Serve Prometheus metrics (/metrics) and health (/healthz) on this port.",
+        ),
     ] = None,
+    metrics_host: Annotated[
+        str,
+        typer.Option(help="Interface the metrics port listens on; 0.0.0.0 for every one."),
+    ] = "127.0.0.1",
 ) -> None:
     """Consume messages until SIGTERM or Ctrl-C.
 
@@ -59,6 +67,8 @@ async def run(
     )
     async with contextlib.AsyncExitStack() as stack:
         if metrics_port is not None:
-            endpoint = worker_endpoint(config.database_url, metrics_port)
+            endpoint = worker_endpoint(
+                config.database_url, metrics_port, metrics_host, health=worker.health
+            )
             worker.on_outcome = (await stack.enter_async_context(endpoint)).observe
         await worker.run(install_signal_handlers=True)

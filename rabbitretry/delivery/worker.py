@@ -68,6 +68,8 @@ class Worker:
     """Called with the queue and outcome of every delivery (metrics); must not raise."""
     outcomes: list[Outcome] = field(default_factory=list, init=False)
     """Every delivery's outcome, most recent last (bounded), for tests and the demo."""
+    _connections: tuple[amqp.Connection, ...] = field(default=(), init=False)
+    _channels: list[amqp.Channel] = field(default_factory=list, init=False)
 
     def stop(self) -> None:
         """Ask the worker to stop; safe to call from a signal handler."""
@@ -95,6 +97,7 @@ class Worker:
                 self.amqp_url, name=f"rabbitretry-publish {self.name}"
             )
             stack.push_async_callback(_close, publish_conn)
+            self._connections = (consume_conn, publish_conn)
 
             topology = topology_of(self.consumers)
             if self.declare_topology:
@@ -157,6 +160,7 @@ class Worker:
         slot: int,
     ) -> Any:
         channel = await consume_conn.channel()
+        self._channels.append(channel)
         await channel.set_qos(prefetch_count=1)
         # declare (passively) rather than get: a robust channel restores only declared queues
         # and their consumers after a reconnect.
@@ -198,6 +202,27 @@ class Worker:
 
         return cancel
 
+    def health(self) -> Health:
+        """The worker's own view of its health, without I/O (``/healthz`` adds a database
+        query): the broker connections, the outage gates, and the consumers."""
+        gates: Gates | None = getattr(self, "_gates", None)
+        broker = ledger = consumers = "ok"
+        if any(conn.is_closed for conn in self._connections):
+            broker = "the connection to RabbitMQ is closed"
+        elif any(not conn.connected.is_set() for conn in self._connections):
+            broker = "the connection to RabbitMQ is down; reconnecting"
+        elif gates is not None and not gates.broker.is_open:
+            broker = "RabbitMQ is unreachable; deliveries paused"
+        if gates is not None and not gates.ledger.is_open:
+            ledger = "the ledger is unreachable; deliveries paused"
+        if not self.started:
+            consumers = "not started"
+        elif self._stopping.is_set():
+            consumers = "stopping"
+        elif any(channel.is_closed for channel in self._channels):
+            consumers = "a consumer's channel is closed"
+        return Health({"broker": broker, "ledger": ledger, "consumers": consumers})
+
     async def _drain(self) -> None:
         if not self._inflight:
             return
@@ -210,6 +235,17 @@ class Worker:
             task.cancel()
         if still_running:
             await asyncio.wait(still_running, timeout=10)
+
+
+@dataclass(frozen=True)
+class Health:
+    """Each check's state: ``"ok"``, or what is wrong."""
+
+    checks: dict[str, str]
+
+    @property
+    def ok(self) -> bool:
+        return all(state == "ok" for state in self.checks.values())
 
 
 @dataclass(frozen=True)
