@@ -1,14 +1,21 @@
 """The exceptions rabbitretry raises or understands.
 
-::
+Every one derives from :class:`RabbitRetryError`; those not defined here live where they are
+raised, named in parentheses (the tests check that this tree lists every subclass)::
 
     RabbitRetryError                  root of everything below
     ├── Retry                         raised by a handler: retry this message (optional delay)
     ├── Permanent                     raised by a handler: dead-letter now, never retry
+    ├── TransactionRolledBack         a handler returned although its transaction rolled back
+    │                                 (rabbitretry.delivery.transaction; rabbitretry exports it)
     ├── ConfigurationError            a consumer, policy or topology that cannot work
     ├── TopologyError                 the broker's queues do not match what is needed
     ├── ServiceUnavailable            RabbitMQ or Postgres cannot be reached
     ├── UnpublishableError            a message AMQP cannot carry: never sent, no retry helps
+    ├── OperationError                an operator's request that cannot be done: a bad rate,
+    │                                 an invalid payload (rabbitretry.operations)
+    ├── UserError                     a command called the wrong way: one line, exit code 2
+    │                                 (rabbitretry.cli.common)
     └── PublishError                  the broker did not confirm a message
         ├── UnroutableError           the broker took it but no queue was bound to receive it
         └── ConnectionLost            the channel or connection failed before the confirm

@@ -46,6 +46,8 @@ class _Model(BaseModel):
 
 
 class Exchange(_Model):
+    """An exchange that publishers send to and work queues are bound to."""
+
     name: str = Field(pattern=_NAME_PATTERN)
     type: ExchangeType = "topic"
     durable: bool = True
@@ -168,6 +170,8 @@ class WorkQueue(_Model):
 
 
 class Topology(_Model):
+    """Exchanges and work queues: what ``topology declare`` creates and ``run`` checks."""
+
     exchanges: list[Exchange] = []
     queues: list[WorkQueue] = []
 
