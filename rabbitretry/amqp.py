@@ -238,7 +238,8 @@ class ConfirmingPublisher:
     @property
     def available(self) -> bool:
         """False while the connection is down (a robust connection is reconnecting)."""
-        return not self._connection.is_closed
+        # is_closed stays False while a robust connection reconnects; `connected` does not.
+        return not self._connection.is_closed and self._connection.connected.is_set()
 
     async def close(self) -> None:
         if not self._channel.is_closed:

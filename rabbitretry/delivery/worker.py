@@ -256,7 +256,8 @@ class Gates:
 
 def _connected(connection: amqp.Connection) -> Callable[[], Awaitable[None]]:
     async def probe() -> None:
-        if connection.is_closed:
+        # is_closed stays False while a robust connection reconnects; `connected` does not.
+        if connection.is_closed or not connection.connected.is_set():
             raise ConnectionError("the publishing connection to RabbitMQ is not back yet")
 
     return probe
