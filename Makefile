@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 .PHONY: help venv demo demo-shop test test-unit fuzz lint services clean drill bench bench-quick
 
 help:
-	@echo "make demo      run the demo against the local RabbitMQ and PostgreSQL"
+	@echo "make demo      run the demo against the local RabbitMQ and PostgreSQL (installs only the package)"
 	@echo "make demo-shop the outbox and exactly-once points"
 	@echo "make test      the whole test suite (unit, integration, acceptance, drills)"
 	@echo "make test-unit only the tests that need no services"
@@ -15,32 +15,39 @@ help:
 	@echo "               PostgreSQL of its own; DRILL_ARGS=--help)"
 	@echo "make lint      ruff and mypy --strict"
 	@echo "make bench     benchmarks against the anchors (20,000 messages a run; bench-quick: 3,000)"
-	@echo "make services  start RabbitMQ and PostgreSQL with Docker (docker-compose.yml)"
+	@echo "make services  bring RabbitMQ and PostgreSQL up: Docker, else the installed services"
+	@echo "               (scripts/services.sh; demo, test, fuzz, drill and bench do it themselves)"
+	@echo "make venv      the development environment: the package with the dev extras"
 
+# The package alone (what the demos need); the dev extras come on top, for tests and lint.
 $(BIN)/rabbitretry: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.dev-extras: $(BIN)/rabbitretry
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
-venv: $(BIN)/rabbitretry
+venv: $(VENV)/.dev-extras
 
-demo: venv
+demo: $(BIN)/rabbitretry services
 	$(BIN)/python -m examples.demo
 
-demo-shop: venv
+demo-shop: $(BIN)/rabbitretry services
 	$(BIN)/python -m examples.shop_demo
 
-test: venv
+test: venv services
 	$(BIN)/python -m pytest
 
 test-unit: venv
 	$(BIN)/python -m pytest tests/unit
 
-fuzz: venv
+fuzz: venv services
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -m generated tests/generated --hypothesis-show-statistics
 
-drill: venv
+drill: venv services
 	$(BIN)/python -m drills $(DRILL_ARGS)
 
 lint: venv
@@ -48,16 +55,16 @@ lint: venv
 	$(BIN)/ruff format --check rabbitretry tests examples drills bench
 	$(BIN)/mypy
 
-bench: venv
+bench: venv services
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m bench
 
-bench-quick: venv
+bench-quick: venv services
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m bench --quick
 
 services:
-	docker compose up -d --wait
+	scripts/services.sh up
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -18,7 +18,7 @@ import aio_pika
 from rich.console import Console
 from rich.table import Table
 
-from examples.points import SUSPENDED_USERS, TOTALS, AwardPoints
+from examples.points import SUSPENDED_USERS, AwardPoints
 from rabbitretry import Worker, amqp, db, deadletters
 from rabbitretry.delivery.worker import topology_of
 from rabbitretry.errors import RabbitRetryError
@@ -142,9 +142,13 @@ async def main() -> None:
         finally:
             worker.stop()
             await worker_task
-        console.print(
-            f"points awarded in this run (user -> points): {dict(sorted(TOTALS.items()))}"
+        awarded = await pool.fetch(
+            "SELECT user_id, sum(points) AS points FROM points_flow"
+            " WHERE idempotency_key LIKE $1 GROUP BY user_id ORDER BY user_id",
+            f"{QUEUE}:{run}-%",
         )
+        totals = {row["user_id"]: row["points"] for row in awarded}
+        console.print(f"points recorded in points_flow in this run (user -> points): {totals}")
         console.print(
             "Try: [bold].venv/bin/rabbitretry dead list[/bold], "
             f"[bold].venv/bin/rabbitretry dead show {run}-too-many[/bold]"

@@ -1,24 +1,38 @@
-"""Award loyalty points when an order is paid: the consumer the README and the demo use.
+"""Award loyalty points when an order is paid: the consumer of the README and of the demo.
 
-The points service here is a stand-in that misbehaves on purpose, the way real ones do:
-some calls time out and work on a later try, a suspended account refuses every call, and
-an order over the per-order limit is simply wrong.
+The handler calls a points service, then records the award in the table ``points_flow``, in
+the transaction that also marks the message ``succeeded`` in the ledger: an order's points are
+recorded exactly once however often its message arrives. ``setup()`` creates the table if it
+is missing, so the example needs nothing but a migrated ledger.
+
+The points service here is a stand-in that misbehaves on purpose, the way real ones do: some
+calls time out and work on a later try, a suspended account refuses every call, and an order
+over the per-order limit is simply wrong.
 """
 
 from __future__ import annotations
 
 import logging
 
+import asyncpg
 from pydantic import BaseModel, Field
 
 from rabbitretry import Binding, Consumer, Context, Permanent, RetryPolicy
+from rabbitretry.settings import Settings
 
 log = logging.getLogger("examples.points")
 
 SUSPENDED_USERS: set[int] = {13}
 POINTS_LIMIT = 10_000
-TOTALS: dict[int, int] = {}
-"""user_id -> points awarded: the stand-in service's state."""
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS points_flow (
+    idempotency_key text PRIMARY KEY,
+    user_id         integer NOT NULL,
+    points          integer NOT NULL,
+    at              timestamptz NOT NULL DEFAULT now()
+)
+"""
 
 
 class OrderPaid(BaseModel):
@@ -41,8 +55,22 @@ class AwardPoints(Consumer[OrderPaid]):
         permanent_on=(ValueError,),
     )
 
+    async def setup(self) -> None:  # once per worker, before the first message
+        conn = await asyncpg.connect(Settings().database_url)
+        try:
+            await conn.execute(SCHEMA)  # CREATE TABLE IF NOT EXISTS points_flow ...
+        finally:
+            await conn.close()
+
     async def handle(self, msg: OrderPaid, ctx: Context) -> None:
-        await award(msg, ctx)
+        await award(msg, ctx)  # the points service: outside the database, at least once
+        async with ctx.transaction() as conn:  # commits with the ledger's success mark
+            await conn.execute(
+                "INSERT INTO points_flow (idempotency_key, user_id, points) VALUES ($1, $2, $3)",
+                ctx.idempotency_key,
+                msg.user_id,
+                msg.points,
+            )
 
 
 async def award(msg: OrderPaid, ctx: Context) -> None:
@@ -53,5 +81,4 @@ async def award(msg: OrderPaid, ctx: Context) -> None:
         raise ValueError(f"{msg.points} points is over the per-order limit of {POINTS_LIMIT}")
     if ctx.attempt <= msg.flaky:
         raise TimeoutError(f"points service timed out (attempt {ctx.attempt})")
-    TOTALS[msg.user_id] = TOTALS.get(msg.user_id, 0) + msg.points
     log.info("order %s: %d points to user %d", msg.order_id, msg.points, msg.user_id)

@@ -9,6 +9,7 @@ from rabbitretry.delivery.worker import Worker
 from rabbitretry.errors import (
     ConfigurationError,
     ConnectionLost,
+    MissingMessageId,
     Permanent,
     PublishError,
     RabbitRetryError,
@@ -33,6 +34,7 @@ __all__ = [
     "Context",
     "Exchange",
     "Expected",
+    "MissingMessageId",
     "Outbox",
     "OutboxRelay",
     "Permanent",

@@ -9,6 +9,7 @@ raised, named in parentheses (the tests check that this tree lists every subclas
     ├── TransactionRolledBack         a handler returned although its transaction rolled back
     │                                 (rabbitretry.delivery.transaction; rabbitretry exports it)
     ├── ConfigurationError            a consumer, policy or topology that cannot work
+    │   └── MissingMessageId          Publisher.publish() without a message_id: nothing sent
     ├── TopologyError                 the broker's queues do not match what is needed
     ├── ServiceUnavailable            RabbitMQ or Postgres cannot be reached
     ├── UnpublishableError            a message AMQP cannot carry: never sent, no retry helps
@@ -47,6 +48,17 @@ class Permanent(RabbitRetryError):
 
 class ConfigurationError(RabbitRetryError):
     """A consumer class, retry policy or topology file that cannot work as written."""
+
+
+class MissingMessageId(ConfigurationError, ValueError):
+    """``Publisher.publish`` was called without a ``message_id``: nothing was sent."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "publish() needs a message_id: the consumer's ledger deduplicates by it, and a "
+            "random id would make every copy look new; pass a key of the fact the message "
+            'states, the same on every publish of it (message_id=f"order-{order_id}-paid")'
+        )
 
 
 class TopologyError(RabbitRetryError):

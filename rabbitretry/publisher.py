@@ -3,10 +3,13 @@
 Persistent messages, publisher confirms and ``mandatory``: a message no queue is bound for
 raises :class:`UnroutableError` (aio-pika would return quietly), a broker nack raises
 :class:`PublishError`. Every message carries a ``message_id``, the consumer's deduplication
-key: pass a business key (``order-42-paid``) so that publishing the same fact twice is
-recognised downstream; without one a UUID is used. The publisher opens a connection of its
-own, apart from any consumer's, because a broker under a resource alarm blocks publishing
-connections and everything sent on them, acks included.
+key, and the caller must give it: a business key (``order-42-paid``), so that publishing the
+same fact twice, or again after a :class:`ConnectionLost`, is recognised downstream. A
+publish without one raises :class:`MissingMessageId` (a random id, which aio-pika stamps on
+every message that has none, would make each copy look new and silently disable
+deduplication). The publisher opens a connection of its own, apart from any consumer's,
+because a broker under a resource alarm blocks publishing connections and everything sent on
+them, acks included.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from rabbitretry import amqp
+from rabbitretry.errors import MissingMessageId
 
 JSON = "application/json"
 
@@ -35,6 +39,13 @@ def encode(payload: BaseModel | Mapping[str, Any] | list[Any] | bytes) -> tuple[
 
 def new_message_id() -> str:
     return uuid.uuid4().hex
+
+
+def require_message_id(message_id: str | None) -> str:
+    """``message_id`` itself, or :class:`MissingMessageId` if it is missing or empty."""
+    if not message_id:
+        raise MissingMessageId()
+    return message_id
 
 
 class Publisher:
@@ -79,13 +90,15 @@ class Publisher:
     ) -> str:
         """Publish and wait for the broker's confirm; the message_id used.
 
-        ``exchange=""`` is the default exchange: ``routing_key`` is then a queue name.
-        Raises :class:`UnroutableError` or :class:`PublishError`; never returns on a loss.
+        ``message_id`` is required (:class:`MissingMessageId` otherwise): a business key,
+        the same every time this fact is published. ``exchange=""`` is the default exchange:
+        ``routing_key`` is then a queue name. Raises :class:`UnroutableError` or
+        :class:`PublishError`; never returns on a loss.
         """
+        message_id = require_message_id(message_id)
         if self._channel is None:
             raise RuntimeError("the publisher is not connected: use `async with Publisher(...)`")
         body, default_type = encode(payload)
-        message_id = message_id or new_message_id()
         await self._channel.publish(
             body,
             exchange=exchange,

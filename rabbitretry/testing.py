@@ -45,7 +45,7 @@ from rabbitretry.delivery.transaction import (
 )
 from rabbitretry.failure import Failure, rejection
 from rabbitretry.outbox import Outbox
-from rabbitretry.publisher import Publisher, encode, new_message_id
+from rabbitretry.publisher import Publisher, encode, new_message_id, require_message_id
 
 __all__ = [
     "FakeOutbox",
@@ -294,7 +294,11 @@ class FakeOutbox(Outbox):
 
 
 class FakePublisher(Publisher):
-    """A :class:`Publisher` that records messages in ``published`` instead of sending them."""
+    """A :class:`Publisher` that records messages in ``published`` instead of sending them.
+
+    Like the real one, it raises :class:`~rabbitretry.MissingMessageId` for a
+    publish without a ``message_id``.
+    """
 
     def __init__(self) -> None:
         super().__init__("amqp://fake-publisher/")
@@ -316,8 +320,8 @@ class FakePublisher(Publisher):
         headers: Mapping[str, Any] | None = None,
         content_type: str | None = None,
     ) -> str:
+        message_id = require_message_id(message_id)  # as the real Publisher
         body, default_type = encode(payload)
-        message_id = message_id or new_message_id()
         self.published.append(
             Sent(
                 exchange,

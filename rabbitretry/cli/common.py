@@ -115,7 +115,7 @@ def load_topology(targets: list[str]) -> Topology:
         if not Path(file).is_file():
             raise UserError(f"topology file {file} does not exist")
     try:
-        topology = load_many([Path(f) for f in files])
+        topology = load_many([Path(f) for f in files]) if files else Topology()
         return topology.merge(topology_of(consumers)) if consumers else topology
     except ValueError as error:
         raise ConfigurationError(str(error)) from error

@@ -200,7 +200,7 @@ async def test_unroutable_destination_raises_and_fails_the_row(
     )
     async with Publisher(amqp_url) as public:
         with pytest.raises(UnroutableError, match="no queue is bound"):
-            await public.publish(exchange, {"x": 1}, routing_key="no.such.key")
+            await public.publish(exchange, {"x": 1}, routing_key="no.such.key", message_id="x-1")
     async with shop_db.acquire() as conn:
         await Outbox().enqueue(conn, exchange, {"x": 1}, routing_key="no.such.key")
     relay = OutboxRelay(shop_db, amqp_url, max_tries=2, initial_backoff=0.05)

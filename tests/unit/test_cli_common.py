@@ -1,4 +1,4 @@
-"""Shared CLI helpers: time arguments, ages, and loading a consumer class by name."""
+"""Shared CLI helpers: time arguments, ages, and loading consumer classes and topologies."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rabbitretry.cli.common import UserError, age, load_consumer, parse_time
+from rabbitretry.cli.common import UserError, age, load_consumer, load_topology, parse_time
 from rabbitretry.consumer import Consumer
 from rabbitretry.errors import RabbitRetryError
 
@@ -168,3 +168,28 @@ def test_a_consumer_class_is_loaded_from_the_working_directory(
     assert issubclass(consumer, Consumer)
     assert consumer.__name__ == "AwardPoints"
     assert consumer.queue == "points.award"
+
+
+# --- load_topology -----------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_consumer_classes_alone_are_a_topology() -> None:
+    """`topology declare examples.points:AwardPoints`, as the README says, with no files."""
+    topology = load_topology(["examples.points:AwardPoints"])
+    assert [e.name for e in topology.exchanges] == ["orders"]
+    assert [q.name for q in topology.queues] == ["points.award"]
+
+
+def test_files_and_consumer_classes_merge() -> None:
+    """The README offers topology/demo.toml instead of the class: both must say the same."""
+    demo = str(ROOT / "topology" / "demo.toml")
+    assert load_topology([demo, "examples.points:AwardPoints"]) == load_topology([demo])
+    both = load_topology([demo, "examples.shop:AwardOrderPoints"])
+    assert {q.name for q in both.queues} == {"points.award", "shop.points"}
+
+
+def test_no_target_is_a_user_error() -> None:
+    with pytest.raises(UserError, match="name at least one topology file"):
+        load_topology([])

@@ -10,7 +10,17 @@ from typing import Any, ClassVar
 import pytest
 from pydantic import BaseModel, Field, ValidationError
 
-from rabbitretry import Consumer, Context, Permanent, Retry, RetryPolicy, testing
+from rabbitretry import (
+    ConfigurationError,
+    Consumer,
+    Context,
+    MissingMessageId,
+    Permanent,
+    Publisher,
+    Retry,
+    RetryPolicy,
+    testing,
+)
 from rabbitretry.delivery.attempt import validation_summary
 from rabbitretry.delivery.transaction import TransactionRolledBack
 from rabbitretry.failure import describe, fingerprint
@@ -365,7 +375,9 @@ async def test_fake_outbox_and_publisher_record_what_a_handler_sends() -> None:
                 await self.outbox.enqueue(
                     conn, "shop", msg, routing_key="points", message_id=ctx.idempotency_key
                 )
-            await self.publisher.publish("", {"order": msg.order_id}, routing_key="audit")
+            await self.publisher.publish(
+                "", {"order": msg.order_id}, routing_key="audit", message_id=ctx.idempotency_key
+            )
 
     consumer = Relay()
     result = await testing.handle(consumer, PAID, message_id="m-1", connection=FakeConnection())
@@ -380,3 +392,22 @@ async def test_fake_outbox_and_publisher_record_what_a_handler_sends() -> None:
     (sent,) = consumer.publisher.published
     assert (sent.exchange, sent.routing_key, sent.content_type) == ("", "audit", "application/json")
     assert sent.json() == {"order": "o-1"}
+    assert sent.message_id == "testing.relay:m-1"
+
+
+@pytest.mark.parametrize("message_id", [None, ""])
+async def test_fake_publisher_refuses_a_message_without_an_id_as_the_real_one_does(
+    message_id: str | None,
+) -> None:
+    fake = testing.FakePublisher()
+    with pytest.raises(MissingMessageId, match="publish\\(\\) needs a message_id") as raised:
+        await fake.publish("shop", {"order": "o-1"}, message_id=message_id)
+    assert fake.published == []
+    assert isinstance(raised.value, ConfigurationError)
+    assert isinstance(raised.value, ValueError)
+
+
+async def test_a_real_publisher_refuses_a_message_without_an_id_before_it_sends() -> None:
+    """Checked first: not even a connection is needed to find the mistake."""
+    with pytest.raises(MissingMessageId, match="random id would make every copy look new"):
+        await Publisher("amqp://guest:guest@127.0.0.1:5672/").publish("shop", {"order": "o-1"})
