@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rabbitretry import headers, ledger
+from rabbitretry import headers, ledger, tracing
 from rabbitretry.amqp import ConfirmingPublisher
 from rabbitretry.db import Pool, Record, query
 
@@ -49,13 +49,16 @@ async def replay_one(
             1,
             comment,
         )
-        await publisher.publish(
-            snapshot.body if body is None else body,
-            routing_key=key.queue,
-            message_id=key.message_id,
-            headers=headers.republished(snapshot.headers, row["attempts"]),
-            properties=snapshot.properties,
-        )
+        with tracing.replay_span(
+            key.queue, key.message_id, snapshot.headers, actor=actor, edited=body is not None
+        ) as traced:
+            await publisher.publish(
+                snapshot.body if body is None else body,
+                routing_key=key.queue,
+                message_id=key.message_id,
+                headers=traced(headers.republished(snapshot.headers, row["attempts"])),
+                properties=snapshot.properties,
+            )
     return True
 
 

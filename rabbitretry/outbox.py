@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from rabbitretry import amqp
+from rabbitretry import amqp, tracing
 from rabbitretry.db import UNAVAILABLE, Connection, Pool, Record, query
 from rabbitretry.errors import ConnectionLost, PublishError, UnpublishableError
 from rabbitretry.publisher import encode, new_message_id
@@ -65,17 +65,19 @@ class Outbox:
         """
         body, content_type = encode(payload)
         message_id = message_id or new_message_id()
-        await conn.execute(
-            query("outbox_enqueue"),
-            exchange,
-            routing_key,
-            message_id,
-            ordering_key,
-            body,
-            json.dumps(dict(headers or {}), default=str),
-            content_type,
-        )
-        await conn.execute(query("outbox_notify"))  # delivered at commit, not before
+        # The row stores the caller's trace context: the relay's publish carries it.
+        with tracing.enqueue_span(exchange, routing_key, message_id, headers) as headers:
+            await conn.execute(
+                query("outbox_enqueue"),
+                exchange,
+                routing_key,
+                message_id,
+                ordering_key,
+                body,
+                json.dumps(dict(headers or {}), default=str),
+                content_type,
+            )
+            await conn.execute(query("outbox_notify"))  # delivered at commit, not before
         return message_id
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from rabbitretry import amqp
+from rabbitretry import amqp, tracing
 from rabbitretry.errors import MissingMessageId
 
 JSON = "application/json"
@@ -99,12 +99,13 @@ class Publisher:
         if self._channel is None:
             raise RuntimeError("the publisher is not connected: use `async with Publisher(...)`")
         body, default_type = encode(payload)
-        await self._channel.publish(
-            body,
-            exchange=exchange,
-            routing_key=routing_key,
-            message_id=message_id,
-            headers=headers,
-            properties={"content_type": content_type or default_type},
-        )
+        with tracing.publish_span(exchange, routing_key, message_id, headers) as headers:
+            await self._channel.publish(
+                body,
+                exchange=exchange,
+                routing_key=routing_key,
+                message_id=message_id,
+                headers=headers,
+                properties={"content_type": content_type or default_type},
+            )
         return message_id

@@ -27,7 +27,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from rabbitretry import db, headers, naming
+from rabbitretry import db, headers, naming, tracing
 from rabbitretry.amqp import (
     CHANNEL_ERRORS,
     ConfirmingPublisher,
@@ -85,7 +85,9 @@ class Pipeline:
         try:
             if not (await self.ledger_gate.passable() and await self.broker_gate.passable()):
                 return await self._requeue(message)
-            outcome = await self._process(message)
+            with tracing.delivery_span(self.queue, message) as span:
+                outcome = await self._process(message)
+                span.outcome(outcome)
         except asyncio.CancelledError:
             await _settle(message, requeue=True)
             raise
@@ -253,6 +255,7 @@ class Pipeline:
                 now=datetime.now(UTC),
                 new_transaction=lambda: AttemptTransaction(self.pool),
             )
+        tracing.record_attempt(ctx.attempt, ctx.max_attempts, result)
         outcome = await self._record(key, claim, snapshot, result)
         return replace(outcome, handler_seconds=result.handler_seconds)
 
