@@ -4,7 +4,8 @@ On SIGTERM, SIGINT or SIGHUP the worker cancels its consumers (no new deliveries
 in-flight attempts finish for ``shutdown_timeout`` seconds, then interrupts the rest: an
 interrupted attempt is recorded as such, not counted against the budget, and its delivery is
 requeued, never dead-lettered. A second signal stops the waiting: the attempts still running
-are interrupted at once. A signal during start-up abandons the start-up.
+are interrupted at once, and a third gets the default action. A signal during start-up
+abandons the start-up.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def topology_of(consumers: Sequence[type[Consumer[Any]]]) -> Topology:
 
 @dataclass
 class Worker:
-    """Runs consumers until :meth:`stop` (or SIGTERM/SIGINT with ``install_signal_handlers``).
+    """Runs consumers until :meth:`stop` (or SIGTERM, SIGINT or SIGHUP with
+    ``install_signal_handlers``).
 
     The ledger is reached through ``database_url``, or through an application's own asyncpg
     ``pool`` on the same database (then ``ctx.transaction()`` uses that pool too).
@@ -119,17 +121,19 @@ class Worker:
             )
             self.stop()
             return
-        if self._abandoning.is_set():
-            return
-        running = len(self._inflight)
         log.warning(
             "worker %s: %s again, no longer waiting: %d in-flight attempt(s) interrupted now, "
             "their deliveries requeued (not counted against their budget)",
             self.name,
             sig.name,
-            running,
+            len(self._inflight),
         )
         self.abandon()
+        # A third signal gets the default action: Ctrl-C raises KeyboardInterrupt, SIGTERM and
+        # SIGHUP end the process at once.
+        loop = asyncio.get_running_loop()
+        for stop_signal in STOP_SIGNALS:
+            loop.remove_signal_handler(stop_signal)
 
     async def _run(self) -> None:
         async with contextlib.AsyncExitStack() as stack:
