@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import errno
+import logging
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Literal
 
 import aio_pika
 import aiormq
+import yarl
 from aio_pika.abc import (
     AbstractChannel,
     AbstractIncomingMessage,
@@ -23,8 +27,9 @@ from aio_pika.abc import (
     DeliveryMode,
 )
 
-from rabbitretry import lenient_frames
+from rabbitretry import lenient_frames, urls
 from rabbitretry.errors import (
+    ConfigurationError,
     ConnectionLost,
     PublishError,
     ServiceUnavailable,
@@ -33,7 +38,6 @@ from rabbitretry.errors import (
     UnroutableError,
 )
 from rabbitretry.headers import publishable_properties
-from rabbitretry.settings import mask_url
 from rabbitretry.wire import why_unencodable
 
 # A foreign message the client cannot decode would close the connection, again on every
@@ -53,17 +57,101 @@ CHANNEL_ERRORS = (
 )
 
 
+CONNECT_TIMEOUT = 10.0
+"""Seconds the first connection may take; a broker that does not answer by then is an error."""
+
+
 async def connect(url: str, *, name: str = "rabbitretry") -> Connection:
-    """A robust connection (it reconnects and restores channels); a clear error if none."""
+    """A robust connection (it reconnects and restores channels); a clear error if none.
+
+    The URL is checked before anything is tried (:func:`rabbitretry.urls.check_amqp_url`),
+    and the first connection is bounded: a wrong password, a virtual host that does not
+    exist, a port where nothing listens or a broker that does not answer is a
+    :class:`ServiceUnavailable` saying which, with the URL masked, never a retry loop.
+    """
+    endpoint = urls.check_amqp_url(url)
     try:
-        return await aio_pika.connect_robust(
-            url, client_properties={"connection_name": name}, timeout=10
+        connection = aio_pika.RobustConnection(
+            yarl.URL(url), client_properties={"connection_name": name}
         )
-    except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as error:
-        raise ServiceUnavailable(
-            f"cannot connect to RabbitMQ at {mask_url(url)}: {error or type(error).__name__}. "
-            "Is the broker running, and is RABBITRETRY_AMQP_URL right?"
-        ) from error
+    except ValueError as error:  # a query parameter aio-pika cannot read
+        raise ConfigurationError(
+            f"the AMQP URL {urls.mask_url(url)} is not usable: {urls.scrub(str(error), url)}"
+        ) from None
+    try:
+        async with asyncio.timeout(CONNECT_TIMEOUT + 5):
+            with _quiet_transport_errors():
+                await connection.connect(timeout=CONNECT_TIMEOUT)
+    except BaseException as error:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(connection.close(), 5)
+        if not isinstance(error, Exception):
+            raise
+        raise ServiceUnavailable(_why_not_connected(error, url, endpoint)) from error
+    return connection
+
+
+def _why_not_connected(error: Exception, url: str, endpoint: urls.Endpoint) -> str:
+    """One sentence for a failed first connection: what the broker said, in its terms."""
+    where = f"cannot connect to RabbitMQ at {urls.mask_url(url)}"
+    text = urls.scrub(str(error) or type(error).__name__, url)
+    if isinstance(error, aiormq.exceptions.ProbableAuthenticationError) or (
+        "ACCESS_REFUSED" in text
+    ):
+        return (
+            f"{where}: the broker refused the login of user {endpoint.user!r} (ACCESS_REFUSED): "
+            "the user name or password in RABBITRETRY_AMQP_URL is wrong"
+        )
+    if "Connection.OpenOk" in text and "Connection.Close" in text:
+        # RabbitMQ answers Connection.Open for a virtual host that does not exist, or that
+        # the user may not use, with Connection.Close; aiormq loses its reply text.
+        return (
+            f"{where}: the broker refused virtual host {endpoint.path!r} for user "
+            f"{endpoint.user!r}: it does not exist or the user may not use it (check the "
+            f"virtual host in RABBITRETRY_AMQP_URL, or create it: rabbitmqctl add_vhost "
+            f"{endpoint.path})"
+        )
+    causes = [error, error.__cause__, error.__context__]
+    codes = {c.args[0] for c in causes if isinstance(c, OSError) and c.args} | {
+        c.errno for c in causes if isinstance(c, OSError) and c.errno is not None
+    }
+    if errno.ECONNREFUSED in codes or any(isinstance(c, ConnectionRefusedError) for c in causes):
+        return (
+            f"{where}: nothing listens on {endpoint.address} (connection refused); is the "
+            "broker running, and is RABBITRETRY_AMQP_URL right?"
+        )
+    if any(isinstance(c, socket.gaierror) for c in causes) or codes & _NAME_NOT_FOUND:
+        return (
+            f"{where}: host {endpoint.address.rpartition(':')[0]!r} not found ({text}); is "
+            "the host in RABBITRETRY_AMQP_URL right?"
+        )
+    if isinstance(error, TimeoutError):
+        return (
+            f"{where}: no answer within {CONNECT_TIMEOUT:.0f} s; is the broker running, and is "
+            "RABBITRETRY_AMQP_URL right?"
+        )
+    return f"{where}: {text}. Is the broker running, and is RABBITRETRY_AMQP_URL right?"
+
+
+_NAME_NOT_FOUND = {socket.EAI_NONAME, socket.EAI_AGAIN, getattr(socket, "EAI_NODATA", -5)}
+
+
+class _DropTransportErrors(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("error when creating transport")
+
+
+@contextlib.contextmanager
+def _quiet_transport_errors() -> Iterator[None]:
+    """Hide aiormq's own log line for a failed first connection: :func:`connect` raises a
+    clearer error, and a start-up failure should be one line."""
+    logger = logging.getLogger("aiormq.connection")
+    quiet = _DropTransportErrors()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 ProbeOutcome = Literal["ok", "not-found", "precondition-failed"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 from functools import cache
 from importlib import resources
 
@@ -11,8 +12,8 @@ import asyncpg
 import asyncpg.pool
 import asyncpg.transaction
 
-from rabbitretry.errors import ServiceUnavailable
-from rabbitretry.settings import mask_url
+from rabbitretry import urls
+from rabbitretry.errors import ConfigurationError, ServiceUnavailable
 
 Pool = asyncpg.Pool
 PooledConnection = asyncpg.pool.PoolConnectionProxy
@@ -86,18 +87,57 @@ def query(name: str) -> str:
 
 
 async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> Pool:
-    """A pool to the ledger database; a clear error when it cannot be reached."""
+    """A pool to the ledger database; a clear error when it cannot be reached.
+
+    The URL is checked before anything is tried (:func:`rabbitretry.urls.check_database_url`);
+    a refused login, a database that does not exist or a port where nothing listens is a
+    :class:`ServiceUnavailable` saying which, with the URL masked.
+    """
+    endpoint = urls.check_database_url(url)
     try:
         pool = await asyncpg.create_pool(
             url, min_size=min_size, max_size=max_size, command_timeout=60
         )
+    except ValueError as error:  # a query parameter asyncpg cannot read (sslmode=...)
+        raise ConfigurationError(
+            f"the database URL {urls.mask_url(url)} is not usable: {urls.scrub(str(error), url)}"
+        ) from None
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-        raise ServiceUnavailable(
-            f"cannot connect to PostgreSQL at {mask_url(url)}: {error}. "
-            "Is the server running, and is RABBITRETRY_DATABASE_URL right?"
-        ) from error
+        raise ServiceUnavailable(_why_not_connected(error, url, endpoint)) from error
     assert pool is not None
     return pool
+
+
+def _why_not_connected(error: Exception, url: str, endpoint: urls.Endpoint) -> str:
+    """One sentence for a failed connection: what the server said, in its terms."""
+    where = f"cannot connect to PostgreSQL at {urls.mask_url(url)}"
+    text = urls.scrub(str(error) or type(error).__name__, url)
+    check = "is RABBITRETRY_DATABASE_URL right?"
+    if isinstance(error, asyncpg.InvalidPasswordError):
+        return (
+            f"{where}: the server refused the password of user {endpoint.user!r}: the "
+            "password in RABBITRETRY_DATABASE_URL is wrong"
+        )
+    if isinstance(error, asyncpg.InvalidAuthorizationSpecificationError):
+        return (
+            f"{where}: the server refused the login ({text}); check the user in "
+            "RABBITRETRY_DATABASE_URL and the server's pg_hba.conf"
+        )
+    if isinstance(error, asyncpg.InvalidCatalogNameError):
+        return (
+            f"{where}: database {endpoint.path!r} does not exist; create it (createdb "
+            f"{endpoint.path}) or fix the database in RABBITRETRY_DATABASE_URL"
+        )
+    if isinstance(error, ConnectionRefusedError):
+        return (
+            f"{where}: nothing listens on {endpoint.address} (connection refused); is the "
+            f"server running, and {check}"
+        )
+    if isinstance(error, socket.gaierror):
+        return f"{where}: host not found ({text}); is the host in RABBITRETRY_DATABASE_URL right?"
+    if isinstance(error, TimeoutError):
+        return f"{where}: no answer in time; is the server running, and {check}"
+    return f"{where}: {text}. Is the server running, and {check}"
 
 
 def migrations() -> list[tuple[int, str, str]]:

@@ -101,6 +101,8 @@ class WindowReport:
     republished: int = 0
     orphaned: int = 0
     orphan_examples: list[str] = field(default_factory=list)
+    missing_keys: list[str] = field(default_factory=list)
+    """The missing keys, the first :data:`MISSING_KEYS_KEPT` of them (``missing`` counts all)."""
 
     def add(self, classified: Classified) -> None:
         self.expected += classified.total
@@ -109,6 +111,11 @@ class WindowReport:
         self.dead += len(classified.dead)
         self.skipped += len(classified.skipped)
         self.missing += len(classified.missing)
+        room = MISSING_KEYS_KEPT - len(self.missing_keys)
+        self.missing_keys.extend(classified.missing[: max(0, room)])
+
+
+MISSING_KEYS_KEPT = 1000
 
 
 @dataclass(frozen=True)

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
-
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from rabbitretry.urls import mask_url
+
+__all__ = ["DEFAULT_AMQP_URL", "DEFAULT_DATABASE_URL", "Settings", "mask_url"]
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
+AMQP_URL_VARIABLE = "RABBITRETRY_AMQP_URL"
+DATABASE_URL_VARIABLE = "RABBITRETRY_DATABASE_URL"
+
 
 class Settings(BaseSettings):
+    """The ``RABBITRETRY_*`` variables, as given: the URLs are checked where they are used
+    (:mod:`rabbitretry.urls`), so that a command names only a URL it needs."""
+
     model_config = SettingsConfigDict(env_prefix="RABBITRETRY_", extra="ignore")
 
     amqp_url: str = DEFAULT_AMQP_URL
@@ -19,18 +27,3 @@ class Settings(BaseSettings):
     console_token: str | None = None
     console_user: str | None = None
     console_password: str | None = None
-
-
-def mask_url(url: str) -> str:
-    """The URL with its password replaced by ``***``, safe to print and log."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))

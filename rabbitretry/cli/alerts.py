@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 from typing import Annotated
 from urllib.parse import urlsplit
@@ -12,7 +13,17 @@ from rich.table import Table
 
 from rabbitretry import alerts, db
 from rabbitretry.alert_rules import mask_secret_url, title
-from rabbitretry.cli.common import UserError, age, configure_logging, out, run_async, settings
+from rabbitretry.cli.common import (
+    JsonOption,
+    UserError,
+    VerboseOption,
+    age,
+    configure_logging,
+    out,
+    print_json,
+    run_async,
+    settings,
+)
 from rabbitretry.errors import RabbitRetryError
 
 app = typer.Typer(
@@ -78,7 +89,7 @@ async def deliver(
         typer.Option(help="Queues to watch for backlog (repeatable). Default: all in the ledger."),
     ] = None,
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds per webhook call.")] = 10.0,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Check heartbeats and backlog, then send the alerts that are due.
 
@@ -149,8 +160,14 @@ async def list_(
         str | None, typer.Option(help=f"Only alerts in this state: {', '.join(STATUSES)}.")
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=10_000, help="How many, newest first.")] = 20,
+    as_json: JsonOption = False,
 ) -> None:
-    """Recent alerts and their delivery state: open (collecting), pending (to send), sent."""
+    """Recent alerts and their delivery state: open (collecting), pending (to send), sent.
+
+    With --json: an array of objects (id, kind, title, queue, group_key, error_type,
+    error_message, count, sample_keys, first_seen, last_seen, status, tries, next_try_at,
+    last_error, sent_at); [] when there are none.
+    """
     if status is not None and status not in STATUSES:
         raise UserError(f"--status must be one of {', '.join(STATUSES)}, not {status!r}")
     pool = await db.create_pool(settings().database_url, min_size=1, max_size=1)
@@ -158,6 +175,9 @@ async def list_(
         found = await alerts.recent(pool, status=status, limit=limit)
     finally:
         await pool.close()
+    if as_json:
+        print_json([{"title": title(alert), **dataclasses.asdict(alert)} for alert in found])
+        return
     if not found:
         out.print("no alerts")
         return

@@ -3,25 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
+import inspect
+import json
+import os
 import re
 import sys
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime, timedelta
 from functools import wraps
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
 
 import asyncpg
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from rabbitretry import logs
+from rabbitretry import logs, urls
 from rabbitretry.consumer import Consumer
 from rabbitretry.delivery.worker import topology_of
 from rabbitretry.errors import ConfigurationError, RabbitRetryError
 from rabbitretry.operations import OperationError
-from rabbitretry.settings import Settings
+from rabbitretry.settings import AMQP_URL_VARIABLE, DATABASE_URL_VARIABLE, Settings
 from rabbitretry.topology import Topology, load_many
 
 P = ParamSpec("P")
@@ -34,44 +39,147 @@ MISSING_SCHEMA = (
     asyncpg.InvalidSchemaNameError,
 )
 
-out = Console()
-err = Console(stderr=True)
+
+def _stdout() -> Console:
+    """Standard output: as wide as the terminal, or when piped wide enough that a table never
+    wraps a key (scripts read it line by line); COLUMNS still wins when set."""
+    console = Console()
+    if console.is_terminal or os.environ.get("COLUMNS"):
+        return console
+    return Console(width=PIPED_WIDTH)
+
+
+PIPED_WIDTH = 10_000
+
+out = _stdout()
+# Errors are one line each, never wrapped by rich (a terminal still folds them visually).
+err = Console(stderr=True, soft_wrap=True)
+
+VerboseOption = Annotated[
+    bool,
+    typer.Option("--verbose", "-v", help="Log at debug level: every step, not only problems."),
+]
+
+
+JsonOption = Annotated[
+    bool,
+    typer.Option(
+        "--json", help="Print JSON on stdout instead of a table (one document, on one line)."
+    ),
+]
+
+
+def print_json(value: Any) -> None:
+    """``value`` as one line of plain JSON on stdout: no markup, no colour, no wrapping.
+
+    Timestamps are ISO 8601 strings; records and dataclasses become objects."""
+    sys.stdout.write(json.dumps(value, default=_json_value, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, asyncpg.Record):
+        return dict(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, bytes | memoryview):
+        return bytes(value).decode("utf-8", "replace")
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 class UserError(RabbitRetryError):
     """A mistake in how a command was called: shown as one line, exit code 2."""
 
 
-def settings() -> Settings:
-    return Settings()
+class Config:
+    """The ``RABBITRETRY_*`` settings a command reads; each URL is checked when first read,
+    so that a command names the variable that is wrong, and only one it uses."""
+
+    def __init__(self, values: Settings) -> None:
+        self._values = values
+
+    @property
+    def amqp_url(self) -> str:
+        urls.check_amqp_url(self._values.amqp_url, AMQP_URL_VARIABLE)
+        return self._values.amqp_url
+
+    @property
+    def database_url(self) -> str:
+        urls.check_database_url(self._values.database_url, DATABASE_URL_VARIABLE)
+        return self._values.database_url
+
+    @property
+    def alert_webhook_url(self) -> str | None:
+        return self._values.alert_webhook_url
+
+    @property
+    def console_token(self) -> str | None:
+        return self._values.console_token
+
+    @property
+    def console_user(self) -> str | None:
+        return self._values.console_user
+
+    @property
+    def console_password(self) -> str | None:
+        return self._values.console_password
+
+
+def settings() -> Config:
+    return Config(Settings())
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print ``error: MESSAGE`` as one line on stderr and exit with ``code``."""
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
+    raise typer.Exit(code)
+
+
+def flowing(doc: str | None) -> str | None:
+    """A docstring with each paragraph on one line, for the terminal to wrap (typer keeps
+    the line breaks of a docstring, which makes ragged help in any other width)."""
+    if doc is None:
+        return None
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    return "\n\n".join(
+        p if p.startswith("\b") else " ".join(line.strip() for line in p.splitlines())
+        for p in paragraphs
+    )
+
+
+def command(function: Callable[P, T]) -> Callable[P, T]:
+    """Mark a command whose help is its docstring: the docstring is reflowed (:func:`flowing`)."""
+    function.__doc__ = flowing(function.__doc__)
+    return function
 
 
 def run_async(function: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
-    """Run an async command and turn expected failures into one readable line."""
+    """Run an async command and turn expected failures into one readable line (exit 1, or 2
+    for a mistake in how it was called); its help is its docstring, reflowed."""
 
     @wraps(function)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return asyncio.run(function(*args, **kwargs))
         except (UserError, OperationError) as error:
-            err.print(f"[red]error:[/red] {error}", highlight=False)
-            raise typer.Exit(2) from None
+            fail(str(error), 2)
         except RabbitRetryError as error:
-            err.print(f"[red]error:[/red] {error}", highlight=False)
-            raise typer.Exit(1) from None
+            fail(str(error), 1)
         except MISSING_SCHEMA as error:
-            err.print(
-                f"[red]error:[/red] the ledger schema is missing or out of date ({error}): "
+            fail(
+                f"the ledger schema is missing or out of date ({error}): "
                 "run `rabbitretry db migrate` against RABBITRETRY_DATABASE_URL",
-                highlight=False,
             )
-            raise typer.Exit(1) from None
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as error:
-            err.print(f"[red]error:[/red] {type(error).__name__}: {error}", highlight=False)
-            raise typer.Exit(1) from None
+            fail(f"{type(error).__name__}: {error}")
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
 
+    wrapper.__doc__ = flowing(function.__doc__)
     return wrapper
 
 
@@ -129,7 +237,10 @@ def parse_duration(text: str) -> timedelta:
     """``30s``, ``15m``, ``2h``, ``7d``, ``1w``."""
     match = _DURATION.match(text.strip())
     if not match:
-        raise UserError(f"{text!r} is not a duration such as 30m, 12h, 7d or 2w")
+        raise UserError(
+            f"{text!r} is not a duration: a whole number and a unit (s, m, h, d or w), such as "
+            "30m, 12h, 7d or 2w"
+        )
     return timedelta(**{_UNITS[match[2]]: int(match[1])})
 
 

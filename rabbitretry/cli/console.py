@@ -10,9 +10,12 @@ import uvicorn
 
 from rabbitretry import db
 from rabbitretry.cli.common import (
+    Config,
     UserError,
+    VerboseOption,
+    command,
     configure_logging,
-    err,
+    fail,
     load_consumer,
     run_async,
     settings,
@@ -23,6 +26,7 @@ from rabbitretry.settings import mask_url
 log = logging.getLogger("rabbitretry.console")
 
 
+@command
 def console(
     host: Annotated[
         str, typer.Option(help="Address to listen on; anything but 127.0.0.1 needs credentials.")
@@ -38,12 +42,11 @@ def console(
         list[str] | None,
         typer.Option(
             "--consumer",
-            "-c",
             help="MODULE:CLASS whose payload model checks edited payloads of its queue "
             "(repeat for several).",
         ),
     ] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Serve the web console: dead and retrying messages, groups, retries, ignores and edits.
 
@@ -55,13 +58,9 @@ def console(
     try:
         check_startup(auth, host, no_auth)
         models = {c.queue: c.payload_adapter for c in map(load_consumer, consumers or [])}
-    except ConsoleRefused as error:
-        err.print(f"[red]error:[/red] {error}", highlight=False)
-        raise typer.Exit(2) from None
-    except UserError as error:
-        err.print(f"[red]error:[/red] {error}", highlight=False)
-        raise typer.Exit(2) from None
-    run_async(_check_ledger)(config.database_url)
+    except (ConsoleRefused, UserError) as error:
+        fail(str(error), 2)
+    run_async(_check_ledger)(config)
     configure_logging(verbose)
     app = create_app(
         ConsoleConfig(
@@ -82,9 +81,10 @@ def console(
     uvicorn.run(app, host=host, port=port, log_level="info" if verbose else "warning")
 
 
-async def _check_ledger(url: str) -> None:
-    """Fail at start, in one line, rather than on the first page."""
-    pool = await db.create_pool(url, min_size=1, max_size=1)
+async def _check_ledger(config: Config) -> None:
+    """Fail at start, in one line, rather than on the first page (both URLs checked)."""
+    config.amqp_url  # noqa: B018 (checked now, used by the console's replays)
+    pool = await db.create_pool(config.database_url, min_size=1, max_size=1)
     try:
         async with pool.acquire() as conn:
             pending = await db.pending_migrations(conn)

@@ -17,10 +17,12 @@ from rich.progress import Progress
 from rabbitretry import amqp, db, ledger, operations
 from rabbitretry.cli import dead_output as output
 from rabbitretry.cli.common import (
+    JsonOption,
     UserError,
     load_consumer,
     out,
     parse_time,
+    print_json,
     run_async,
     settings,
 )
@@ -104,11 +106,16 @@ async def list_(
         typer.Option("--group", "-g", help="One row per error group (fingerprint), with counts."),
     ] = False,
     limit: Annotated[int, typer.Option(min=1, help="At most this many rows.")] = 100,
+    as_json: JsonOption = False,
 ) -> None:
     """List dead letters (or retrying and ignored messages), newest first.
 
     With --group, messages that failed the same way (the same error with different ids or
     numbers) are counted together: replay a whole group with `dead replay --group FINGERPRINT`.
+
+    With --json: an array of objects, one per message (queue, message_id, status, attempts,
+    error_type, error_message, error_fingerprint, changed_at, ...) or per group (queue,
+    fingerprint, messages, error_type, example_message, first_seen, last_seen); [] when none.
     """
     selection = _filter(status, queue, error, fingerprint, since, until, search, limit)
     pool = await db.create_pool(settings().database_url, min_size=1, max_size=1)
@@ -119,6 +126,9 @@ async def list_(
             rows = await operations.list_messages(pool, selection)
     finally:
         await pool.close()
+    if as_json:
+        print_json([dict(row) for row in rows])
+        return
     what = "/".join(selection.statuses)
     if not rows:
         narrowed = any((queue, error, fingerprint, since, until, search))
@@ -152,7 +162,13 @@ async def replay(
     queue: QueueOption = None,
     group: Annotated[
         str | None,
-        typer.Option("--group", "-g", help="Replay an error group: its FINGERPRINT."),
+        typer.Option(
+            "--group",
+            "--fingerprint",
+            "-g",
+            "-f",
+            help="Replay an error group: its FINGERPRINT (as `dead list --group` shows).",
+        ),
     ] = None,
     all_: Annotated[
         bool, typer.Option("--all", help="Replay every dead letter (of --queue, if given).")
@@ -170,7 +186,10 @@ async def replay(
     ] = None,
     rate: Annotated[
         str | None,
-        typer.Option("--rate", help="At most this many per second or minute: 20/s, 300/m."),
+        typer.Option(
+            "--rate",
+            help="At most this many messages a second: 20 or 20/s, or a minute: 300/m.",
+        ),
     ] = None,
     canary: Annotated[
         bool,
@@ -289,7 +308,7 @@ async def edit(
     ] = None,
     consumer: Annotated[
         str | None,
-        typer.Option("--consumer", "-c", help="MODULE:CLASS whose model the payload must fit."),
+        typer.Option("--consumer", help="MODULE:CLASS whose model the payload must fit."),
     ] = None,
     comment: Annotated[
         str | None, typer.Option("--comment", "-m", help="Why it was changed.")

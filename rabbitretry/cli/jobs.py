@@ -9,13 +9,14 @@ import typer
 from rabbitretry import db
 from rabbitretry.cli.common import (
     UserError,
+    VerboseOption,
     configure_logging,
+    fail,
     load_attribute,
     out,
     run_async,
     settings,
 )
-from rabbitretry.cli.common import err as err_console
 from rabbitretry.jobs import Job, run_job
 
 app = typer.Typer(
@@ -30,7 +31,7 @@ async def run(
     target: Annotated[
         str, typer.Argument(help="The job as MODULE:NAME (a function decorated with @job).")
     ],
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Run a job once. If it is already running elsewhere, say so and exit 0.
 
@@ -47,6 +48,5 @@ async def run(
     finally:
         await pool.close()
     if outcome.status == "failed":
-        err_console.print(f"[red]error:[/red] {outcome.message}", highlight=False)
-        raise typer.Exit(1)
+        fail(outcome.message)
     out.print(outcome.message, highlight=False)

@@ -9,7 +9,16 @@ import typer
 from rich.table import Table
 
 from rabbitretry import db, retention
-from rabbitretry.cli.common import UserError, age, out, parse_duration, run_async, settings
+from rabbitretry.cli.common import (
+    JsonOption,
+    UserError,
+    age,
+    out,
+    parse_duration,
+    print_json,
+    run_async,
+    settings,
+)
 from rabbitretry.db import query
 
 app = typer.Typer(help="Inspect the ledger.", no_args_is_help=True)
@@ -17,13 +26,20 @@ app = typer.Typer(help="Inspect the ledger.", no_args_is_help=True)
 
 @app.command()
 @run_async
-async def stats() -> None:
-    """Messages per queue and status, with their attempts and the oldest."""
+async def stats(as_json: JsonOption = False) -> None:
+    """Messages per queue and status, with their attempts and the oldest.
+
+    With --json: an array of {queue, status, messages, attempts, oldest} (oldest: when the
+    oldest was first seen, ISO 8601), [] when the ledger is empty.
+    """
     pool = await db.create_pool(settings().database_url, min_size=1, max_size=1)
     try:
         rows = await pool.fetch(query("ledger_stats"))
     finally:
         await pool.close()
+    if as_json:
+        print_json([dict(row) for row in rows])
+        return
     if not rows:
         out.print("the ledger is empty")
         return
@@ -48,7 +64,8 @@ async def prune(
         str,
         typer.Option(
             "--older-than",
-            help="Remove what finished longer ago than this: 30d, 12h, 2w (at least 1d).",
+            help="Remove what finished longer ago than this: a whole number and a unit, h "
+            "(hours), d (days) or w (weeks), such as 36h, 30d or 2w; at least 1d (24h).",
         ),
     ] = "30d",
     dry_run: Annotated[
@@ -64,7 +81,7 @@ async def prune(
     try:
         retention.check_window(window)
     except ValueError as error:
-        raise UserError(str(error)) from None
+        raise UserError(f"--older-than {older_than} is too short: {error}") from None
     before = datetime.now(UTC) - window
     pool = await db.create_pool(settings().database_url, min_size=1, max_size=1)
     try:

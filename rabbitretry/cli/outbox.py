@@ -10,7 +10,14 @@ import typer
 from rich.table import Table
 
 from rabbitretry import db
-from rabbitretry.cli.common import age, configure_logging, out, run_async, settings
+from rabbitretry.cli.common import (
+    VerboseOption,
+    age,
+    configure_logging,
+    out,
+    run_async,
+    settings,
+)
 from rabbitretry.db import query
 from rabbitretry.outbox import OutboxRelay
 
@@ -30,7 +37,7 @@ async def relay(
     max_tries: Annotated[
         int, typer.Option(min=1, help="Failed publishes before a row is marked failed.")
     ] = 10,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Publish pending outbox rows until SIGTERM or Ctrl-C (several relays may run at once)."""
     configure_logging(verbose)

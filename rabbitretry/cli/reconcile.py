@@ -12,13 +12,16 @@ from rich.table import Table
 from rabbitretry import db
 from rabbitretry.cli.common import (
     UserError,
+    VerboseOption,
     configure_logging,
     load_attribute,
     out,
+    print_json,
     run_async,
     settings,
 )
 from rabbitretry.consumer import Consumer
+from rabbitretry.operations import parse_rate
 from rabbitretry.reconciler import Reconciler, RunReport
 from rabbitretry.reconciliation import Reconciliation
 
@@ -53,9 +56,21 @@ async def reconcile(
         int, typer.Option(min=1, help="Batches per scan and pass; the rest waits a pass.")
     ] = 10,
     rate: Annotated[
-        float, typer.Option(min=0.1, help="Re-published messages per second, at most.")
-    ] = 200.0,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+        str,
+        typer.Option(
+            help="At most this many re-published messages a second: 200 or 200/s, or a "
+            "minute: 600/m."
+        ),
+    ] = "200/s",
+    verbose: VerboseOption = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print each pass as one line of JSON on stdout (counts, errors, and per "
+            "reconciliation the missing and orphaned keys) instead of tables.",
+        ),
+    ] = False,
 ) -> None:
     """Find work the broker lost and re-drive it from the ledger; check expected messages.
 
@@ -66,22 +81,27 @@ async def reconcile(
 
     Safe to run on several machines at once. --once exits 1 if anything failed or an
     orphan was found, so cron can alert on it.
+
+    With --json, every pass (one with --once, one per interval otherwise) is one line of
+    JSON: the repair counts, errors, and per reconciliation window its counts with
+    missing_keys (up to 1000) and orphan_examples.
     """
     if once == (interval is not None):
         raise UserError("say --once, or --interval SECONDS to keep running")
+    per_second = parse_rate(rate)
     consumers, reconciliations = _load(targets or [])
     configure_logging(verbose)
     config = settings()
     pool = await db.create_pool(config.database_url, min_size=1, max_size=2)
     try:
-        reconciler = Reconciler(
+        reconciler = (_JsonReconciler if as_json else Reconciler)(
             pool,
             config.amqp_url,
             consumers=consumers,
             reconciliations=reconciliations,
             batch_size=batch_size,
             max_batches=max_batches,
-            publish_rate=rate,
+            publish_rate=per_second,
             grace=grace,
         )
         if interval is not None:
@@ -96,9 +116,46 @@ async def reconcile(
             await reconciler.close()
     finally:
         await pool.close()
-    print_report(report)
+    if not as_json:
+        print_report(report)
     if report.errors or report.orphaned:
         raise typer.Exit(1)
+
+
+class _JsonReconciler(Reconciler):
+    """Prints every pass as it ends, as one line of JSON."""
+
+    async def run_once(self) -> RunReport:
+        report = await super().run_once()
+        print_json(report_json(report))
+        return report
+
+
+def report_json(report: RunReport) -> dict[str, Any]:
+    """One pass as JSON: the heartbeat counts, the errors, and each window with its keys."""
+    return {
+        **report.counts(),
+        "errors": list(report.errors),
+        "windows": [
+            {
+                "reconciliation": w.name,
+                "queue": w.queue,
+                "start": w.start,
+                "end": w.end,
+                "expected": w.expected,
+                "succeeded": w.succeeded,
+                "in_flight": w.in_flight,
+                "dead": w.dead,
+                "skipped": w.skipped,
+                "missing": w.missing,
+                "missing_keys": w.missing_keys,
+                "republished": w.republished,
+                "orphaned": w.orphaned,
+                "orphan_examples": w.orphan_examples,
+            }
+            for w in report.windows
+        ],
+    }
 
 
 def _load(targets: list[str]) -> tuple[list[type[Consumer[Any]]], list[Reconciliation]]:

@@ -1,9 +1,11 @@
 """The worker: N consumers per queue, each on its own channel with prefetch 1, and a clean stop.
 
-On SIGTERM or SIGINT the worker cancels its consumers (no new deliveries), lets in-flight
-attempts finish for ``shutdown_timeout`` seconds, then interrupts the rest: an interrupted
-attempt is recorded as such, not counted against the budget, and its delivery is requeued,
-never dead-lettered.
+On SIGTERM, SIGINT or SIGHUP the worker cancels its consumers (no new deliveries), lets
+in-flight attempts finish for ``shutdown_timeout`` seconds, then interrupts the rest: an
+interrupted attempt is recorded as such, not counted against the budget, and its delivery is
+requeued, never dead-lettered. A second signal stops the waiting: the attempts still running
+are interrupted at once, and a third gets the default action. A signal during start-up
+abandons the start-up.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from rabbitretry.topology import Exchange, Topology, declare, verify
 log = logging.getLogger("rabbitretry.worker")
 
 BROKER_SHUTDOWN_TIMEOUT = 5.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def topology_of(consumers: Sequence[type[Consumer[Any]]]) -> Topology:
@@ -44,7 +47,8 @@ def topology_of(consumers: Sequence[type[Consumer[Any]]]) -> Topology:
 
 @dataclass
 class Worker:
-    """Runs consumers until :meth:`stop` (or SIGTERM/SIGINT with ``install_signal_handlers``).
+    """Runs consumers until :meth:`stop` (or SIGTERM, SIGINT or SIGHUP with
+    ``install_signal_handlers``).
 
     The ledger is reached through ``database_url``, or through an application's own asyncpg
     ``pool`` on the same database (then ``ctx.transaction()`` uses that pool too).
@@ -62,6 +66,8 @@ class Worker:
     started: bool = field(default=False, init=False)
     """True once every consumer is consuming."""
     _stopping: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _abandoning: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _cancelled_start: bool = field(default=False, init=False)
     _inflight: set[asyncio.Task[Any]] = field(default_factory=set, init=False)
     _gates: Gates = field(init=False)
     on_outcome: Callable[[str, Outcome], Awaitable[None]] | None = None
@@ -75,11 +81,63 @@ class Worker:
         """Ask the worker to stop; safe to call from a signal handler."""
         self._stopping.set()
 
+    def abandon(self) -> None:
+        """Stop waiting for in-flight attempts: interrupt them now (their deliveries are
+        requeued). Implies :meth:`stop`."""
+        self._abandoning.set()
+        self._stopping.set()
+
     async def run(self, *, install_signal_handlers: bool = False) -> None:
-        if install_signal_handlers:
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.stop)
+        """Consume until :meth:`stop`; with ``install_signal_handlers``, until SIGTERM, SIGINT
+        or SIGHUP (a second one interrupts the in-flight attempts instead of waiting)."""
+        if not install_signal_handlers:
+            await self._run()
+            return
+        loop = asyncio.get_running_loop()
+        main = asyncio.current_task()
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, self._on_signal, sig, main)
+        try:
+            await self._run()
+        except asyncio.CancelledError:
+            if not self._cancelled_start or main is None:
+                raise
+            main.uncancel()
+            log.info("worker %s stopped before it started consuming", self.name)
+        finally:
+            for sig in STOP_SIGNALS:
+                loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: signal.Signals, main: asyncio.Task[Any] | None) -> None:
+        if not self._stopping.is_set():
+            if not self.started and main is not None:
+                log.info("worker %s: %s during start-up, giving up", self.name, sig.name)
+                self._cancelled_start = True
+                self._stopping.set()
+                main.cancel()
+                return
+            log.info(
+                "worker %s: %s, stopping (send it again to interrupt in-flight attempts)",
+                self.name,
+                sig.name,
+            )
+            self.stop()
+            return
+        log.warning(
+            "worker %s: %s again, no longer waiting: %d in-flight attempt(s) interrupted now, "
+            "their deliveries requeued (not counted against their budget)",
+            self.name,
+            sig.name,
+            len(self._inflight),
+        )
+        self.abandon()
+        # A third signal gets the default action: Ctrl-C raises KeyboardInterrupt, SIGTERM and
+        # SIGHUP end the process at once.
+        loop = asyncio.get_running_loop()
+        for stop_signal in STOP_SIGNALS:
+            loop.remove_signal_handler(stop_signal)
+
+    async def _run(self) -> None:
         async with contextlib.AsyncExitStack() as stack:
             pool = await self._ledger_pool(stack)
             async with pool.acquire() as conn:
@@ -134,6 +192,8 @@ class Worker:
             await self._stopping.wait()
             log.info("worker %s stopping: no new deliveries, finishing in-flight work", self.name)
             for cancel in cancel_consumers:
+                if self._abandoning.is_set():
+                    break
                 # Bounded: with the broker away, a cancel would wait for a reconnect.
                 with contextlib.suppress(*amqp.CHANNEL_ERRORS):
                     await asyncio.wait_for(cancel(), BROKER_SHUTDOWN_TIMEOUT)
@@ -227,10 +287,34 @@ class Worker:
         if not self._inflight:
             return
         pending = set(self._inflight)
-        log.info(
-            "waiting up to %.0f s for %d in-flight attempt(s)", self.shutdown_timeout, len(pending)
-        )
-        _, still_running = await asyncio.wait(pending, timeout=self.shutdown_timeout)
+        if not self._abandoning.is_set():
+            log.info(
+                "waiting up to %.0f s for %d in-flight attempt(s)",
+                self.shutdown_timeout,
+                len(pending),
+            )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.shutdown_timeout
+        abandon = asyncio.ensure_future(self._abandoning.wait())
+        try:
+            # Until every attempt is done, the timeout passes, or abandon() is called.
+            while (running := {t for t in pending if not t.done()}) and not abandon.done():
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                await asyncio.wait(
+                    {*running, abandon}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+        finally:
+            abandon.cancel()
+        still_running = {t for t in pending if not t.done()}
+        if still_running and not self._abandoning.is_set():
+            log.warning(
+                "%d in-flight attempt(s) still running after %.0f s: interrupting them, their "
+                "deliveries requeued",
+                len(still_running),
+                self.shutdown_timeout,
+            )
         for task in still_running:
             task.cancel()
         if still_running:

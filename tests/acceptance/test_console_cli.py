@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
         (["--no-auth", "--host", "0.0.0.0"], {}, "--no-auth serves only 127.0.0.1"),
         (["--no-auth"], {"RABBITRETRY_CONSOLE_TOKEN": "t"}, "drop one"),
         ([], {"RABBITRETRY_CONSOLE_USER": "ops"}, "without RABBITRETRY_CONSOLE_PASSWORD"),
-        (["--no-auth", "-c", "nomodule:X"], {}, "cannot import module 'nomodule'"),
+        (["--no-auth", "--consumer", "nomodule:X"], {}, "cannot import module 'nomodule'"),
         (
             ["--no-auth"],
             {"RABBITRETRY_DATABASE_URL": "postgresql://u:s3cret@127.0.0.1:1/x"},
@@ -64,7 +64,7 @@ async def test_console_serves_with_a_token_and_masks_passwords(
         "console",
         "--port",
         str(port),
-        "-c",
+        "--consumer",
         "tests.acceptance.models:Orders",
         env={
             **os.environ,

@@ -160,12 +160,14 @@ async def test_ignore_and_edit(
         assert "is ignored: only dead or retrying" in one_error_line(again.stderr)
 
         model = "tests.acceptance.models:Orders"
-        wrong = await rabbitretry("dead", "edit", "b", "--payload", '{"order": "x"}', "-c", model)
+        wrong = await rabbitretry(
+            "dead", "edit", "b", "--payload", '{"order": "x"}', "--consumer", model
+        )
         assert wrong.returncode == 2
         assert "does not fit the consumer's model: order" in one_error_line(wrong.stderr)
         assert await status_of(pool, queue_name, "b") == "dead"
         fixed = await rabbitretry(
-            "dead", "edit", "b", "--payload", '{"order": 2}', "-c", model, "-m", "sign"
+            "dead", "edit", "b", "--payload", '{"order": 2}', "--consumer", model, "-m", "sign"
         )
         assert fixed.returncode == 0, fixed.stderr
         await wait_status(pool, queue_name, "b", "succeeded")

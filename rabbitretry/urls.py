@@ -1,0 +1,185 @@
+"""Service URLs: checked before any connection is tried, and masked wherever they are shown.
+
+Pure: no I/O. :func:`check_amqp_url` and :func:`check_database_url` refuse a URL the client
+libraries would misread (aio-pika retries a URL without a scheme forever, asyncpg takes the
+password for a database name or fails with a traceback on a port that is not a number), in
+one sentence that names where the URL came from and shows it masked.
+
+:func:`mask_url` hides the password of anything that looks like a URL, however malformed:
+every message, log line and exception text that shows a URL goes through it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from rabbitretry.errors import ConfigurationError
+
+AMQP_SCHEMES = ("amqp", "amqps")
+DATABASE_SCHEMES = ("postgresql", "postgres")
+AMQP_SHAPE = "amqp://USER:PASSWORD@HOST:PORT/VHOST"
+DATABASE_SHAPE = "postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+_SCHEME_AND_SLASHES = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/{1,2}")
+_QUERY_SECRET = re.compile(r"(?i)([?&](?:password|sslpassword)=)[^&#]*")
+_MASK = "***"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """What a checked URL points at, for messages: ``host:port``, the user, vhost or database."""
+
+    scheme: str
+    address: str
+    """``host:port`` (several, comma-separated, for a PostgreSQL URL with several hosts)."""
+    user: str
+    path: str
+    """The AMQP virtual host, or the PostgreSQL database (empty: the server's default)."""
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password replaced by ``***``, safe to print and log.
+
+    Total: it never raises, and it hides the password of a malformed URL too (no scheme,
+    one slash, an unescaped ``@`` or ``/`` in the password), at the cost of hiding a little
+    more than the password when an ``@`` appears after the host.
+    """
+    text = _QUERY_SECRET.sub(rf"\g<1>{_MASK}", url)
+    head, at, tail = text.rpartition("@")
+    if not at:
+        return text
+    prefix_match = _SCHEME_AND_SLASHES.match(head)
+    prefix = prefix_match.group(0) if prefix_match else ""
+    user, colon, _ = head[len(prefix) :].partition(":")
+    if not colon:
+        return text
+    return f"{prefix}{user}:{_MASK}@{tail}"
+
+
+def password_of(url: str) -> str | None:
+    """The password in ``url`` as :func:`mask_url` sees it (raw, not percent-decoded)."""
+    head, at, _ = url.rpartition("@")
+    if not at:
+        return None
+    prefix_match = _SCHEME_AND_SLASHES.match(head)
+    userinfo = head[len(prefix_match.group(0)) if prefix_match else 0 :]
+    _, colon, password = userinfo.partition(":")
+    return password if colon and password else None
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` (a driver's error message) without the URL's password, in case it echoes it."""
+    text = text.replace(url, mask_url(url))
+    password = password_of(url)
+    # A very short password would mask ordinary letters of the message; it cannot be told
+    # apart in it anyway.
+    if password is not None and len(password) >= 4:
+        for form in {password, unquote(password)}:
+            text = text.replace(form, _MASK)
+    return text
+
+
+def check_amqp_url(url: str, source: str = "the AMQP URL") -> Endpoint:
+    """``url`` checked as an AMQP URL; a :class:`ConfigurationError` naming ``source`` if not."""
+    scheme, user, hosts, path = _split(url, source, AMQP_SCHEMES, AMQP_SHAPE, several=False)
+    vhost = unquote(path[1:]) if len(path) > 1 else "/"
+    default_port = 5671 if scheme == "amqps" else 5672
+    address = ",".join(_address(host, port or default_port) for host, port in hosts)
+    return Endpoint(scheme=scheme, address=address, user=unquote(user) or "guest", path=vhost)
+
+
+def check_database_url(url: str, source: str = "the database URL") -> Endpoint:
+    """``url`` checked as a PostgreSQL URL; a :class:`ConfigurationError` naming ``source``."""
+    scheme, user, hosts, path = _split(url, source, DATABASE_SCHEMES, DATABASE_SHAPE, several=True)
+    address = ",".join(_address(host, port or 5432) for host, port in hosts if host)
+    if not address:  # a Unix socket given as ?host=/path
+        address = _query_host(url) or ""
+    return Endpoint(scheme=scheme, address=address, user=unquote(user), path=unquote(path[1:]))
+
+
+def _split(
+    url: str, source: str, schemes: tuple[str, ...], shape: str, *, several: bool
+) -> tuple[str, str, list[tuple[str, int | None]], str]:
+    """(scheme, user, [(host, port)], path) of ``url``, or the first thing wrong with it."""
+
+    def refuse(problem: str) -> ConfigurationError:
+        shown = f" ({mask_url(url)})" if url.strip() else ""
+        return ConfigurationError(f"{source}{shown} {problem}; expected {shape}")
+
+    allowed = " or ".join(schemes)
+    if not url.strip():
+        raise refuse("is empty")
+    if any(c.isspace() for c in url):
+        raise refuse("contains whitespace")
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        named = _SCHEME.match(url)
+        if named and named[1].lower() in schemes and url[named.end() :].startswith("/"):
+            raise refuse(f"has no host: write two slashes after {named[1]}:")
+        raise refuse("has no scheme")
+    if not _SCHEME.fullmatch(scheme + ":"):
+        raise refuse("has no scheme")
+    scheme = scheme.lower()
+    if scheme not in schemes:
+        raise refuse(f"has scheme {scheme!r}, not {allowed}")
+    # Where urllib and yarl (aio-pika's parser) end the authority part.
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    netloc, path = rest[:end], rest[end:].partition("?")[0].partition("#")[0]
+    userinfo, _, hostlist = netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    if "," in hostlist and not several:
+        raise refuse(f"has a malformed host and port {hostlist!r}")
+    hosts: list[tuple[str, int | None]] = []
+    for hostport in hostlist.split(",") if several else [hostlist]:
+        host, port = _host_and_port(hostport, refuse)
+        hosts.append((host, port))
+    if not any(host for host, _ in hosts) and not (several and _query_host(url)):
+        raise refuse("has no host")
+    if any(not host for host, _ in hosts) and len(hosts) > 1:
+        raise refuse("has an empty host in its list of hosts")
+    return scheme, user, hosts, path
+
+
+def _host_and_port(
+    hostport: str, refuse: Callable[[str], ConfigurationError]
+) -> tuple[str, int | None]:
+    if hostport.startswith("["):
+        host, bracket, after = hostport[1:].partition("]")
+        if not bracket or not host:
+            raise refuse(f"has a malformed IPv6 host {hostport!r}")
+        if after and not after.startswith(":"):
+            raise refuse(f"has text after its IPv6 host: {after!r}")
+        port_text = after[1:] if after else None
+    else:
+        host, colon, port_text_or_empty = hostport.partition(":")
+        port_text = port_text_or_empty if colon else None
+        if ":" in port_text_or_empty:
+            raise refuse(f"has a malformed host and port {hostport!r}")
+    if port_text is None:
+        return host, None
+    if not port_text:
+        raise refuse(f"has an empty port after {host}:")
+    if not port_text.isascii() or not port_text.isdigit():
+        raise refuse(f"has port {port_text!r}, which is not a number")
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise refuse(f"has port {port}, out of range 1-65535")
+    return host, port
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _query_host(url: str) -> str | None:
+    """The ``host=`` query parameter of a PostgreSQL URL (a Unix socket directory), if any."""
+    query = url.partition("?")[2].partition("#")[0]
+    for pair in query.split("&"):
+        name, _, value = pair.partition("=")
+        if name == "host" and value:
+            return unquote(value)
+    return None

@@ -1,0 +1,147 @@
+"""``rabbitretry run`` and signals: SIGHUP stops like SIGTERM, a second Ctrl-C stops waiting,
+and a signal during start-up ends the start-up."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import asyncpg
+import pytest
+
+from rabbitretry.delivery.worker import topology_of
+from tests.acceptance.cli import CLI, ROOT
+from tests.acceptance.cli_runner import broker_cleanup_fixture  # noqa: F401 (fixture)
+from tests.acceptance.slow import Slow
+from tests.integration.conftest import BrokerCleanup
+from tests.integration.harness import publish
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
+
+
+class Worker:
+    """A ``rabbitretry run`` subprocess and what it has logged so far."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.log: list[str] = []
+
+    async def wait_for_line(self, text: str, timeout: float = 60) -> str:
+        """The first line (logged so far or next) that contains ``text``."""
+        async with asyncio.timeout(timeout):
+            for line in self.log:
+                if text in line:
+                    return line
+            assert self.process.stderr is not None
+            while raw := await self.process.stderr.readline():
+                line = raw.decode().rstrip("\n")
+                self.log.append(line)
+                if text in line:
+                    return line
+        raise AssertionError(f"the worker exited without logging {text!r}:\n" + "\n".join(self.log))
+
+    async def exit_code(self, timeout: float) -> int:
+        assert self.process.stderr is not None
+        async with asyncio.timeout(timeout):
+            rest = await self.process.stderr.read()
+            self.log += rest.decode().splitlines()
+            return await self.process.wait()
+
+
+@asynccontextmanager
+async def worker(
+    amqp_url: str, database_url: str, queue: str, *args: str, **env: str
+) -> AsyncIterator[Worker]:
+    process = await asyncio.create_subprocess_exec(
+        *CLI,
+        "run",
+        "tests.acceptance.slow:Slow",
+        "--declare",
+        *args,
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "RABBITRETRY_AMQP_URL": amqp_url,
+            "RABBITRETRY_DATABASE_URL": database_url,
+            "RR_SLOW_QUEUE": queue,
+            **env,
+        },
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        yield Worker(process)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+@pytest.fixture
+def slow_queue(queue_name: str, broker_cleanup: BrokerCleanup) -> str:
+    consumer: Any = type("SlowHere", (Slow,), {"queue": queue_name})
+    broker_cleanup.topology(topology_of([consumer]))
+    return queue_name
+
+
+async def test_a_second_ctrl_c_interrupts_the_in_flight_attempts(
+    amqp_url: str, database_url: str, pool: asyncpg.Pool, slow_queue: str
+) -> None:
+    async with worker(amqp_url, database_url, slow_queue, "--shutdown-timeout", "300") as run:
+        await run.wait_for_line("consuming")
+        await publish(amqp_url, slow_queue, {"n": 1}, message_id="m-1")
+        await run.wait_for_line("handling m-1")
+
+        run.process.send_signal(signal.SIGINT)
+        stopping = await run.wait_for_line("stopping")
+        assert "SIGINT, stopping (send it again to interrupt in-flight attempts)" in stopping
+        await run.wait_for_line("waiting up to 300 s for 1 in-flight attempt(s)")
+        assert run.process.returncode is None  # still waiting for the attempt
+
+        run.process.send_signal(signal.SIGINT)
+        assert await run.exit_code(timeout=30) == 0
+    abandoned = [line for line in run.log if "SIGINT again" in line]
+    assert len(abandoned) == 1, run.log
+    assert abandoned[0].endswith(
+        "SIGINT again, no longer waiting: 1 in-flight attempt(s) interrupted now, their "
+        "deliveries requeued (not counted against their budget)"
+    )
+    outcome = await pool.fetchval(
+        "SELECT outcome FROM rabbitretry.attempt WHERE queue = $1 AND message_id = 'm-1'",
+        slow_queue,
+    )
+    assert outcome == "interrupted"
+    # Requeued, due again at once, and the interrupted attempt not counted against the budget.
+    row = await pool.fetchrow(
+        "SELECT status, attempts_forgiven FROM rabbitretry.ledger"
+        " WHERE queue = $1 AND message_id = 'm-1'",
+        slow_queue,
+    )
+    assert (row["status"], row["attempts_forgiven"]) == ("retrying", 1)
+
+
+async def test_sighup_stops_the_worker_like_sigterm(
+    amqp_url: str, database_url: str, slow_queue: str
+) -> None:
+    async with worker(amqp_url, database_url, slow_queue) as run:
+        await run.wait_for_line("consuming")
+        run.process.send_signal(signal.SIGHUP)
+        assert await run.exit_code(timeout=30) == 0
+    assert any("SIGHUP, stopping" in line for line in run.log), run.log
+    assert any(line.endswith("stopped") for line in run.log), run.log
+
+
+async def test_a_signal_during_start_up_ends_it(
+    amqp_url: str, database_url: str, slow_queue: str
+) -> None:
+    async with worker(amqp_url, database_url, slow_queue, RR_SLOW_SETUP="1") as run:
+        await run.wait_for_line("slow setup started")
+        run.process.send_signal(signal.SIGTERM)
+        assert await run.exit_code(timeout=30) == 0
+    assert any("SIGTERM during start-up, giving up" in line for line in run.log), run.log
+    assert any("stopped before it started consuming" in line for line in run.log), run.log
+    assert not any("Traceback" in line for line in run.log), run.log

@@ -1,0 +1,213 @@
+"""rabbitretry.urls: URLs checked before connecting, and masked however malformed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rabbitretry.errors import ConfigurationError
+from rabbitretry.urls import (
+    Endpoint,
+    check_amqp_url,
+    check_database_url,
+    mask_url,
+    password_of,
+    scrub,
+)
+
+# --- mask_url: total ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "masked"),
+    [
+        ("amqp://guest:s3cret@127.0.0.1:5672/", "amqp://guest:***@127.0.0.1:5672/"),
+        ("amqp://guest@127.0.0.1:5672/", "amqp://guest@127.0.0.1:5672/"),
+        ("amqp://127.0.0.1/", "amqp://127.0.0.1/"),
+        ("guest:s3cret@127.0.0.1:5672", "guest:***@127.0.0.1:5672"),
+        ("amqp:/guest:s3cret@127.0.0.1:5672/", "amqp:/guest:***@127.0.0.1:5672/"),
+        ("amqp:guest:s3cret@h", "amqp:***@h"),
+        ("amqp://u:pa/ss@h/v", "amqp://u:***@h/v"),
+        ("amqp://u:pa@ss@h/v", "amqp://u:***@h/v"),
+        ("amqp://u:pa?ss@h/v", "amqp://u:***@h/v"),
+        ("amqp://u:p%40ss@[::1]:5672/", "amqp://u:***@[::1]:5672/"),
+        ("postgresql://u@h/db?password=s3cret&x=1", "postgresql://u@h/db?password=***&x=1"),
+        ("postgresql://u@h/db?sslpassword=s3cret", "postgresql://u@h/db?sslpassword=***"),
+        ("", ""),
+        ("not a url at all", "not a url at all"),
+    ],
+)
+def test_mask_url_hides_the_password_of_any_shape(url: str, masked: str) -> None:
+    assert mask_url(url) == masked
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "amqp://u:s3cret@h/",
+        "u:s3cret@h",
+        "amqp:/u:s3cret@h",
+        "amqp://u:s3/cret@h",
+        "amqp://u:s3@cret@h",
+        "amqp://u:s3cret@h/v@x",
+        "postgres:s3cret@127.0.0.1:5432/postgres",
+        "postgresql://h/db?user=u&password=s3cret",
+    ],
+)
+def test_mask_url_never_shows_the_secret(url: str) -> None:
+    assert "s3cret" not in mask_url(url)
+
+
+def test_scrub_removes_the_password_from_a_driver_message() -> None:
+    url = "postgres:s3cret@127.0.0.1:5432/postgres"
+    message = 'database "s3cret@127.0.0.1:5432/postgres" does not exist'
+    assert "s3cret" not in scrub(message, url)
+    assert scrub(f"cannot reach {url}", url) == f"cannot reach {mask_url(url)}"
+    assert scrub("p%40ss and p@ss", "amqp://u:p%40ss@h/") == "*** and ***"
+
+
+def test_scrub_leaves_a_message_alone_for_a_very_short_password() -> None:
+    assert scrub("a broker said no", "amqp://u:a@h/") == "a broker said no"
+
+
+def test_password_of() -> None:
+    assert password_of("amqp://u:pw@h/") == "pw"
+    assert password_of("amqp://u@h/") is None
+    assert password_of("amqp://h/") is None
+
+
+# --- check_amqp_url -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "endpoint"),
+    [
+        ("amqp://guest:guest@127.0.0.1:5672/", Endpoint("amqp", "127.0.0.1:5672", "guest", "/")),
+        ("amqp://u:p@rabbit/orders", Endpoint("amqp", "rabbit:5672", "u", "orders")),
+        ("amqps://rabbit", Endpoint("amqps", "rabbit:5671", "guest", "/")),
+        ("AMQP://rabbit:1/%2F", Endpoint("amqp", "rabbit:1", "guest", "/")),
+        ("amqp://[::1]:5672/", Endpoint("amqp", "[::1]:5672", "guest", "/")),
+        ("amqp://rabbit/?heartbeat=30", Endpoint("amqp", "rabbit:5672", "guest", "/")),
+    ],
+)
+def test_good_amqp_urls(url: str, endpoint: Endpoint) -> None:
+    assert check_amqp_url(url) == endpoint
+
+
+SHAPE = "; expected amqp://USER:PASSWORD@HOST:PORT/VHOST"
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("", "X is empty"),
+        ("   ", "X is empty"),
+        ("guest:s3cret@127.0.0.1:5672", "X (guest:***@127.0.0.1:5672) has no scheme"),
+        ("127.0.0.1:5672", "X (127.0.0.1:5672) has no scheme"),
+        (
+            "amqp:/guest:s3cret@h/",
+            "X (amqp:/guest:***@h/) has no host: write two slashes after amqp:",
+        ),
+        ("amqp:/h", "X (amqp:/h) has no host: write two slashes after amqp:"),
+        ("amqp://guest:s3cret@/", "X (amqp://guest:***@/) has no host"),
+        ("amqp:///vhost", "X (amqp:///vhost) has no host"),
+        ("http://h/", "X (http://h/) has scheme 'http', not amqp or amqps"),
+        ("postgresql://h/", "X (postgresql://h/) has scheme 'postgresql', not amqp or amqps"),
+        ("amqp://h:56x2/", "X (amqp://h:56x2/) has port '56x2', which is not a number"),
+        ("amqp://h:-1/", "X (amqp://h:-1/) has port '-1', which is not a number"),
+        ("amqp://h:0/", "X (amqp://h:0/) has port 0, out of range 1-65535"),
+        ("amqp://h:65536/", "X (amqp://h:65536/) has port 65536, out of range 1-65535"),
+        ("amqp://h:/", "X (amqp://h:/) has an empty port after h:"),
+        ("amqp://h:1:2/", "X (amqp://h:1:2/) has a malformed host and port 'h:1:2'"),
+        ("amqp://[::1/", "X (amqp://[::1/) has a malformed IPv6 host '[::1'"),
+        ("amqp://h /", "X (amqp://h /) contains whitespace"),
+        ("amqp://h1,h2/", "X (amqp://h1,h2/) has a malformed host and port 'h1,h2'"),
+        ("amqp://u:pa/ss@h/", "X (amqp://u:***@h/) has port 'pa', which is not a number"),
+    ],
+)
+def test_bad_amqp_urls_are_one_sentence_naming_the_source(url: str, message: str) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        check_amqp_url(url, "X")
+    assert str(raised.value) == message + SHAPE
+    assert "s3cret" not in str(raised.value)
+
+
+def test_the_default_source_is_named_generically() -> None:
+    with pytest.raises(ConfigurationError, match=r"^the AMQP URL \(h\) has no scheme"):
+        check_amqp_url("h")
+    with pytest.raises(ConfigurationError, match=r"^the database URL \(h\) has no scheme"):
+        check_database_url("h")
+
+
+# --- check_database_url -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "endpoint"),
+    [
+        (
+            "postgresql://postgres@127.0.0.1:5432/postgres",
+            Endpoint("postgresql", "127.0.0.1:5432", "postgres", "postgres"),
+        ),
+        ("postgres://u:p@db/app", Endpoint("postgres", "db:5432", "u", "app")),
+        ("postgresql://db", Endpoint("postgresql", "db:5432", "", "")),
+        (
+            "postgresql://u@h1:5433,h2/app",
+            Endpoint("postgresql", "h1:5433,h2:5432", "u", "app"),
+        ),
+        (
+            "postgresql:///app?host=/var/run/postgresql",
+            Endpoint("postgresql", "/var/run/postgresql", "", "app"),
+        ),
+    ],
+)
+def test_good_database_urls(url: str, endpoint: Endpoint) -> None:
+    assert check_database_url(url) == endpoint
+
+
+PG_SHAPE = "; expected postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        (
+            "postgres:s3cret@127.0.0.1:5432/postgres",
+            "X (postgres:***@127.0.0.1:5432/postgres) has no scheme",
+        ),
+        (
+            "postgresql:/h/db",
+            "X (postgresql:/h/db) has no host: write two slashes after postgresql:",
+        ),
+        ("postgresql:///db", "X (postgresql:///db) has no host"),
+        ("mysql://h/db", "X (mysql://h/db) has scheme 'mysql', not postgresql or postgres"),
+        (
+            "postgresql://u:s3cret@h:54x2/db",
+            "X (postgresql://u:***@h:54x2/db) has port '54x2', which is not a number",
+        ),
+        ("postgresql://h1,/db", "X (postgresql://h1,/db) has an empty host in its list of hosts"),
+        (
+            "postgresql://h1:5432,h2:x/db",
+            "X (postgresql://h1:5432,h2:x/db) has port 'x', which is not a number",
+        ),
+    ],
+)
+def test_bad_database_urls(url: str, message: str) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        check_database_url(url, "X")
+    assert str(raised.value) == message + PG_SHAPE
+    assert "s3cret" not in str(raised.value)
+
+
+def test_no_module_interpolates_a_raw_url() -> None:
+    """Every URL a message shows goes through mask_url: no f-string in the package puts a URL
+    variable in a message as it is."""
+    package = Path(__file__).resolve().parents[2] / "rabbitretry"
+    offenders = [
+        f"{path.name}:{number}: {line.strip()}"
+        for path in package.rglob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if any(name in line for name in ("url}", "url!r}", "url!s}"))
+    ]
+    assert offenders == []
