@@ -388,7 +388,7 @@ class Pipeline:
                 reason,
                 extra=self._fields(key, reason=reason),
             )
-            return Outcome(key, "dead")
+            return Outcome(key, "dropped")  # counted once, when it died
         log.error(
             "%s: dead (%s): %s",
             storable_text(str(key)),

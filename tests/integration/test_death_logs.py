@@ -87,7 +87,7 @@ async def test_every_road_to_dead_logs_one_error_line(
     cleanup.append(consumer)
     caplog.set_level(logging.DEBUG, logger="rabbitretry")
     await phantom_last_attempt(pool, queue_name, "crashed")
-    async with running_worker([consumer], amqp_url, database_url):
+    async with running_worker([consumer], amqp_url, database_url) as worker:
         await publish(amqp_url, queue_name, b'{"n": "x"}', message_id="invalid", times=2)
         await publish(amqp_url, queue_name, {"n": 2}, message_id="permanent")
         await publish(amqp_url, queue_name, {"n": 3}, message_id="exhausted")
@@ -115,6 +115,9 @@ async def test_every_road_to_dead_logs_one_error_line(
             (found,) = [k for k in dead if k.startswith(key[:-1])]
             dead[key] = dead.pop(found)
     assert dead == ROADS
+    # A second copy refused for its size is dropped, not a second death (metrics count once).
+    big = [o.result for o in worker.outcomes if o.key is not None and o.key.message_id == "big"]
+    assert sorted(big) == ["dead", "dropped"]
 
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     logged = {(r.__dict__.get("message_id", ""), r.__dict__.get("reason")) for r in errors}
