@@ -326,12 +326,17 @@ class ConfirmingPublisher:
     @property
     def available(self) -> bool:
         """False while the connection is down (a robust connection is reconnecting)."""
-        # is_closed stays False while a robust connection reconnects; `connected` does not.
-        return not self._connection.is_closed and self._connection.connected.is_set()
+        return is_up(self._connection)
 
     async def close(self) -> None:
         if not self._channel.is_closed:
             await self._channel.close()
+
+
+def is_up(connection: Connection) -> bool:
+    """True while ``connection`` is open: ``is_closed`` stays False while a robust connection
+    reconnects, its ``connected`` event does not."""
+    return not connection.is_closed and connection.connected.is_set()
 
 
 def message_properties(message: IncomingMessage) -> dict[str, Any]:

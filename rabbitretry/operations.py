@@ -31,7 +31,6 @@ from rabbitretry.db import Pool, Record, query
 from rabbitretry.errors import RabbitRetryError
 
 STATUSES = ("dead", "retrying", "ignored")
-FINISHED = ("succeeded", "dead", "skipped", "ignored")
 DEFAULT_LIMIT = 100
 
 
@@ -357,7 +356,7 @@ async def wait_finished(
     deadline = time.monotonic() + timeout
     while True:
         row = await ledger.get(pool, key)
-        if row is not None and row["status"] in FINISHED:
+        if row is not None and row["status"] in ledger.FINISHED:
             return str(row["status"])
         if time.monotonic() >= deadline:
             return None

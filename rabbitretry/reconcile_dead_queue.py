@@ -33,7 +33,6 @@ to one of them, and the insert ignores keys that already have a row.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,13 +42,13 @@ from rabbitretry.consumer import Consumer
 from rabbitretry.db import Pool, query
 from rabbitretry.errors import ConnectionLost, PublishError
 from rabbitretry.failure import Failure, rejection
+from rabbitretry.ledger import missing_id_key
 from rabbitretry.retry import RetryPolicy
 from rabbitretry.storable import encode_table, storable_text
 
 log = logging.getLogger("rabbitretry.reconciler")
 
 REASON = "dead-lettered-by-broker"
-MISSING_ID = "missing-id:"
 
 
 @dataclass(frozen=True)
@@ -260,7 +259,7 @@ def found(message: amqp.IncomingMessage, target: DeadQueue) -> Found:
 def ledger_key(message_id: str | None) -> str:
     """The ledger's ``message_id`` for a message found on a dead-letter queue."""
     if not message_id:
-        return f"{MISSING_ID}{uuid.uuid4()}"
+        return missing_id_key()
     return storable_text(message_id)
 
 

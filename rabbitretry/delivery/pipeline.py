@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -42,7 +41,7 @@ from rabbitretry.delivery.outcome import Outcome
 from rabbitretry.delivery.transaction import AttemptTransaction
 from rabbitretry.errors import ConnectionLost, PublishError, UnpublishableError
 from rabbitretry.failure import Failure, message_of, rejection
-from rabbitretry.ledger import AttemptLedger, Claim, ClaimRequest, Key, Snapshot
+from rabbitretry.ledger import AttemptLedger, Claim, ClaimRequest, Key, Snapshot, missing_id_key
 from rabbitretry.storable import storable_text
 
 log = logging.getLogger("rabbitretry.worker")
@@ -76,7 +75,9 @@ class Pipeline:
         self.policy = type(consumer).retry
         self.ledger = AttemptLedger(pool)
         self.ledger_gate = ledger_gate or OutageGate("ledger", self.ledger.reconnect)
-        self.broker_gate = broker_gate or OutageGate("broker", broker_probe(publisher))
+        self.broker_gate = broker_gate or OutageGate(
+            "broker", broker_probe(lambda: publisher.available)
+        )
 
     async def process(self, message: IncomingMessage) -> Outcome:
         """Take one delivery to its outcome, and settle it: ack, or requeue. Never raises
@@ -136,10 +137,8 @@ class Pipeline:
     async def _process(self, message: IncomingMessage) -> Outcome:
         snapshot = _snapshot(message)
         if not message.message_id:
-            # A key of its own for each such delivery: two of them must never collapse into
-            # one record, even with equal bodies.
             return await self._reject(
-                Key(self.queue, f"missing-id:{uuid.uuid4().hex}"),
+                Key(self.queue, missing_id_key()),
                 "missing-message-id",
                 "the message has no message_id property, so it cannot be deduplicated; "
                 "publish with a message_id (a business key) or replay it to assign one",
@@ -503,6 +502,8 @@ class Pipeline:
 
     def _logged(self, outcome: Outcome, received_at: datetime) -> Outcome:
         """The line that ends each delivery (DEBUG, ``run -v``): its outcome and duration."""
+        if not log.isEnabledFor(logging.DEBUG):
+            return outcome  # the hot path: no fields to build for a line nobody reads
         duration = (datetime.now(UTC) - received_at).total_seconds()
         log.debug(
             "%s: %s (attempt %d, %.3f s)",
@@ -521,12 +522,12 @@ class Pipeline:
         return outcome
 
 
-def broker_probe(publisher: ConfirmingPublisher) -> Callable[[], Awaitable[None]]:
-    """A probe that fails while the publishing connection is down (reconnecting)."""
+def broker_probe(is_up: Callable[[], bool]) -> Callable[[], Awaitable[None]]:
+    """A probe that fails while the publishing connection is down (``is_up`` says)."""
 
     async def probe() -> None:
-        if not publisher.available:
-            raise ConnectionLost("the publishing connection is not back yet")
+        if not is_up():
+            raise ConnectionLost("the publishing connection to RabbitMQ is not back yet")
 
     return probe
 

@@ -25,7 +25,7 @@ from rabbitretry.amqp import ConfirmingPublisher, IncomingMessage
 from rabbitretry.consumer import Consumer
 from rabbitretry.delivery.outage import OutageGate
 from rabbitretry.delivery.outcome import Outcome
-from rabbitretry.delivery.pipeline import Pipeline
+from rabbitretry.delivery.pipeline import Pipeline, broker_probe
 from rabbitretry.errors import ConfigurationError
 from rabbitretry.ledger import AttemptLedger
 from rabbitretry.topology import Exchange, Topology, declare, verify
@@ -69,7 +69,7 @@ class Worker:
     _abandoning: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _cancelled_start: bool = field(default=False, init=False)
     _inflight: set[asyncio.Task[Any]] = field(default_factory=set, init=False)
-    _gates: Gates = field(init=False)
+    _gates: Gates | None = field(default=None, init=False)  # once the worker is connected
     on_outcome: Callable[[str, Outcome], Awaitable[None]] | None = None
     """Called with the queue and outcome of every delivery (metrics); must not raise."""
     outcomes: list[Outcome] = field(default_factory=list, init=False)
@@ -170,12 +170,12 @@ class Worker:
 
             # One gate per service, shared by every slot: an outage is logged once, and all
             # slots pause until it ends.
-            self._gates = Gates(
+            self._gates = gates = Gates(
                 ledger=OutageGate("ledger", AttemptLedger(pool).reconnect),
-                broker=OutageGate("broker", _connected(publish_conn)),
+                broker=OutageGate("broker", broker_probe(lambda: amqp.is_up(publish_conn))),
             )
-            stack.push_async_callback(self._gates.ledger.close)
-            stack.push_async_callback(self._gates.broker.close)
+            stack.push_async_callback(gates.ledger.close)
+            stack.push_async_callback(gates.broker.close)
             cancel_consumers = []
             for instance in instances:
                 for slot in range(self.concurrency):
@@ -226,6 +226,7 @@ class Worker:
         # and their consumers after a reconnect.
         queue = await channel.declare_queue(type(consumer).queue, passive=True)
         publisher = await ConfirmingPublisher.open(publish_conn)
+        assert self._gates is not None  # set before the first slot starts
         pipeline = Pipeline(
             consumer,
             pool,
@@ -265,7 +266,7 @@ class Worker:
     def health(self) -> Health:
         """The worker's own view of its health, without I/O (``/healthz`` adds a database
         query): the broker connections, the outage gates, and the consumers."""
-        gates: Gates | None = getattr(self, "_gates", None)
+        gates = self._gates
         broker = ledger = consumers = "ok"
         if any(conn.is_closed for conn in self._connections):
             broker = "the connection to RabbitMQ is closed"
@@ -336,15 +337,6 @@ class Health:
 class Gates:
     ledger: OutageGate
     broker: OutageGate
-
-
-def _connected(connection: amqp.Connection) -> Callable[[], Awaitable[None]]:
-    async def probe() -> None:
-        # is_closed stays False while a robust connection reconnects; `connected` does not.
-        if connection.is_closed or not connection.connected.is_set():
-            raise ConnectionError("the publishing connection to RabbitMQ is not back yet")
-
-    return probe
 
 
 async def _close(connection: amqp.Connection) -> None:

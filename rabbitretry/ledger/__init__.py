@@ -9,17 +9,22 @@ the reconciler, the console) and tests that set up a state.
 from rabbitretry.ledger.attempts import AttemptLedger
 from rabbitretry.ledger.commits import ClaimRequest, SuccessRequest
 from rabbitretry.ledger.statements import (
+    FINISHED,
+    MISSING_ID_PREFIX,
     Claim,
     Key,
     Snapshot,
     Verdict,
     claim,
     get,
+    missing_id_key,
     schedule_retry,
     snapshot_of,
 )
 
 __all__ = [
+    "FINISHED",
+    "MISSING_ID_PREFIX",
     "AttemptLedger",
     "Claim",
     "ClaimRequest",
@@ -29,6 +34,7 @@ __all__ = [
     "Verdict",
     "claim",
     "get",
+    "missing_id_key",
     "schedule_retry",
     "snapshot_of",
 ]

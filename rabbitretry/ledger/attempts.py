@@ -15,9 +15,8 @@ from rabbitretry.db import Connection, Pool, Record
 from rabbitretry.failure import Failure
 from rabbitretry.ledger import statements
 from rabbitretry.ledger.commits import ClaimRequest, SuccessRequest, commits_for
-from rabbitretry.ledger.statements import Claim, Key, Snapshot
+from rabbitretry.ledger.statements import FINISHED, Claim, Key, Snapshot
 
-FINISHED = ("succeeded", "dead", "skipped", "ignored")
 PING_TIMEOUT = 5.0
 
 

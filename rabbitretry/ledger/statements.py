@@ -6,6 +6,7 @@ so the ledger is never half-written.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -23,6 +24,17 @@ class Key:
 
     def __str__(self) -> str:
         return f"{self.queue}/{self.message_id}"
+
+
+FINISHED = ("succeeded", "dead", "skipped", "ignored")
+"""The statuses of a row whose work is done: a copy that finds one is dropped."""
+MISSING_ID_PREFIX = "missing-id:"
+
+
+def missing_id_key() -> str:
+    """A ledger ``message_id`` for a message that came without one: a new one per delivery,
+    so that two such messages never collapse into one record."""
+    return f"{MISSING_ID_PREFIX}{uuid.uuid4().hex}"
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,9 @@ from pydantic import BaseModel
 from rabbitretry import Consumer, Context, Permanent, RetryPolicy, amqp, headers, ledger
 from rabbitretry.delivery.worker import topology_of
 from rabbitretry.failure import describe
+from rabbitretry.ledger import MISSING_ID_PREFIX as MISSING_ID
 from rabbitretry.operations import Filter, list_messages
-from rabbitretry.reconcile_dead_queue import MISSING_ID, REASON
+from rabbitretry.reconcile_dead_queue import REASON
 from rabbitretry.reconciler import Reconciler
 from rabbitretry.topology import declare
 from tests.integration.harness import publish, queue_depth, running_worker, wait_for, wait_status

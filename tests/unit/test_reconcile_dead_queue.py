@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from rabbitretry.failure import rejection
+from rabbitretry.ledger import MISSING_ID_PREFIX as MISSING_ID
 from rabbitretry.reconcile_dead_queue import (
-    MISSING_ID,
     REASON,
     explain,
     ledger_key,
