@@ -378,7 +378,9 @@ async def drill_queue(amqp_url: str, queue: str) -> AsyncIterator[Topology]:
     try:
         yield topology
     finally:
-        await _delete_queues(amqp_url, [q.name for q in topology.queue_declarations()])
+        await _delete_queues(
+            amqp_url, [q.name for q in topology.queue_declarations() if not q.shared]
+        )
 
 
 async def _delete_queues(amqp_url: str, names: list[str]) -> None:

@@ -147,11 +147,10 @@ class Consumer(Generic[Payload]):
 
     @classmethod
     def work_queue(cls) -> WorkQueue:
-        """This consumer's queue as topology data (work queue, dead letters, delay ladder)."""
+        """This consumer's queue as topology data (work queue and dead letters)."""
         return WorkQueue(
             name=cls.queue,
             type=cls.queue_type,
-            max_delay=max(cls.retry.max_delay, cls.lease),
             dead_queue=cls.dead_queue,
             delivery_limit=cls.delivery_limit,
             bindings=list(cls.bindings),

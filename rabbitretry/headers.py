@@ -3,7 +3,9 @@
 Every copy rabbitretry publishes (a delay copy, a dead letter, a replay, a re-drive) is built
 from the message as it arrived, with the broker's dead-letter headers removed and the ledger's
 attempt count set: a copy republished with ``x-death`` is silently dropped as a dead-letter cycle
-on its second pass through the delay ladder, and ``x-death`` is only a hint anyway.
+on its second pass through the delay chain, and ``x-death`` is only a hint anyway. A copy
+carries no ``CC``/``BCC`` either: the broker routes by them on publish and on every
+dead-lettering, so a producer's ``CC`` would send the copy to other queues too.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ ERROR_HEADER_LIMIT = 500  # characters of the error message carried on a dead le
 
 # Headers the broker writes when it dead-letters a message.
 BROKER_HEADERS = ("x-death", "x-first-death-", "x-last-death-", "x-delivery-count")
+# Sender-selected distribution: extra routing keys, read on publish and on dead-lettering.
+ROUTING_HEADERS = ("CC", "BCC")
 
 
 def without_broker_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -39,7 +43,8 @@ def without_broker_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def republished(headers: Mapping[str, Any] | None, attempts: int) -> dict[str, Any]:
     """The headers of a copy republished by rabbitretry after ``attempts`` attempts."""
-    return {**publishable(without_broker_headers(headers)), ATTEMPTS: attempts}
+    kept = {k: v for k, v in without_broker_headers(headers).items() if k not in ROUTING_HEADERS}
+    return {**publishable(kept), ATTEMPTS: attempts}
 
 
 def publishable(table: Mapping[str, Any]) -> dict[str, Any]:

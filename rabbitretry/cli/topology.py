@@ -16,7 +16,8 @@ from rabbitretry.topology import Plan, declare, export_definitions, plan
 app = typer.Typer(
     help=(
         "The exchanges and queues of your work queues: each work queue Q gets Q.dead (dead "
-        "letters, no TTL) and a ladder of delay queues Q.delay.<n>s that feed only Q."
+        "letters, no TTL) and a binding on the delay chain that holds retries until they are "
+        "due (rabbitretry.delay.*: 24 levels per queue type, shared by all work queues)."
     ),
     no_args_is_help=True,
 )

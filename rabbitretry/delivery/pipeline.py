@@ -26,7 +26,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from rabbitretry import db, headers, naming, tracing
+from rabbitretry import db, delays, headers, tracing
 from rabbitretry.amqp import (
     CHANNEL_ERRORS,
     ConfirmingPublisher,
@@ -71,7 +71,7 @@ class Pipeline:
         work_queue = type(consumer).work_queue()
         self.queue = work_queue.name
         self.dead_queue = work_queue.dead_queue_name
-        self.ladder = work_queue.ladder
+        self.queue_type = work_queue.type
         self.policy = type(consumer).retry
         self.ledger = AttemptLedger(pool)
         self.ledger_gate = ledger_gate or OutageGate("ledger", self.ledger.reconnect)
@@ -181,7 +181,7 @@ class Pipeline:
             )
             return Outcome(key, "dropped", claim.attempt)
         if claim.verdict in ("busy", "not-due"):
-            # Hold the copy in the delay ladder until the claim can succeed.
+            # Hold the copy in the delay chain until the claim can succeed.
             refused = await self._publish_delayed(key, snapshot, claim.wait_seconds, copy_attempts)
             if refused is not None:
                 return await self._reject(key, "unpublishable", refused, snapshot)
@@ -402,11 +402,12 @@ class Pipeline:
         self, key: Key, snapshot: Snapshot, wait: float, attempts: int
     ) -> str | None:
         """Publish a copy to the delay path; why not, if it cannot be encoded."""
-        rung = naming.choose_rung(self.ladder, wait)
+        route = delays.route(self.queue, self.queue_type, wait)
         try:
             await self.publisher.publish(
                 snapshot.body,
-                routing_key=naming.delay_queue(self.queue, rung),
+                exchange=route.exchange,
+                routing_key=route.routing_key,
                 message_id=key.message_id,
                 headers=headers.republished(snapshot.headers, attempts),
                 properties=headers.publishable_properties(snapshot.properties),

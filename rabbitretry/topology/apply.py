@@ -87,7 +87,7 @@ async def plan(connection: amqp.Connection, topology: Topology) -> Plan:
     """Compare ``topology`` with the broker, creating nothing."""
     entries: list[PlanEntry] = []
     async with amqp.Prober(connection) as prober:
-        for exchange in topology.exchanges:
+        for exchange in topology.exchange_declarations():
             summary = _summary({"type": exchange.type, **exchange.arguments})
             entry = await _probe(prober, "exchange", exchange.name, _exchange(exchange), summary)
             entries.append(entry)
@@ -112,7 +112,7 @@ async def declare(connection: amqp.Connection, topology: Topology) -> Plan:
     if current.has_mismatch:
         raise TopologyError(_mismatch_message(current.mismatches, "nothing was declared"))
     async with amqp.Prober(connection) as prober:
-        for exchange in topology.exchanges:
+        for exchange in topology.exchange_declarations():
             await _apply(prober, "exchange", exchange.name, _exchange(exchange))
         for queue in topology.queue_declarations():
             await _apply(prober, "queue", queue.name, _queue(queue))
@@ -141,7 +141,7 @@ async def verify(connection: amqp.Connection, topology: Topology) -> None:
 def export_definitions(topology: Topology, vhost: str = "/") -> dict[str, list[dict[str, Any]]]:
     """The topology as RabbitMQ definitions (``rabbitmqctl import_definitions``, management API)."""
     return {
-        "exchanges": [_exchange_definition(e, vhost) for e in topology.exchanges],
+        "exchanges": [_exchange_definition(e, vhost) for e in topology.exchange_declarations()],
         "queues": [_queue_definition(q, vhost) for q in topology.queue_declarations()],
         "bindings": [_binding_definition(b, vhost) for b in topology.binding_declarations()],
     }
@@ -197,8 +197,12 @@ def _queue(queue: QueueDeclaration) -> Declaration:
 
 def _bind(binding: BindingDeclaration) -> Declaration:
     async def bind(channel: amqp.Channel) -> None:
-        queue = await channel.get_queue(binding.queue, ensure=False)
-        await queue.bind(
+        destination = (
+            await channel.get_queue(binding.queue, ensure=False)
+            if binding.destination_type == "queue"
+            else await channel.get_exchange(binding.queue, ensure=False)
+        )
+        await destination.bind(
             binding.exchange, routing_key=binding.routing_key, arguments=dict(binding.arguments)
         )
 
@@ -249,7 +253,7 @@ def _binding_definition(binding: BindingDeclaration, vhost: str) -> dict[str, An
         "source": binding.exchange,
         "vhost": vhost,
         "destination": binding.queue,
-        "destination_type": "queue",
+        "destination_type": binding.destination_type,
         "routing_key": binding.routing_key,
         "arguments": dict(binding.arguments),
     }

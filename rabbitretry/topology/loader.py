@@ -10,7 +10,6 @@ A file lists ``[[exchanges]]`` and ``[[queues]]`` (see
     [[queues]]
     name = "points.award"
     type = "quorum"
-    max_delay = 300
     delivery_limit = 1000   # quorum only; the default. "broker-default": no x-delivery-limit
     bindings = [{ exchange = "orders", routing_key = "order.paid" }]
 

@@ -1,9 +1,10 @@
 """The topology as data: what exchanges and queues a set of work queues needs.
 
 A :class:`Topology` lists work queues at the level a person thinks about them (name, queue
-type, longest retry delay, bindings); :meth:`Topology.queue_declarations` expands each into the
-concrete queues the broker must hold: the work queue, its dead-letter queue and its delay
-ladder (see :mod:`rabbitretry.naming`).
+type, bindings); its ``*_declarations`` methods expand them into the concrete exchanges, queues
+and bindings the broker must hold: each work queue, its dead-letter queue, its binding on the
+delay chain's deliver exchange, and the delay chain of each queue type in use (shared by all
+work queues of that type, see :mod:`rabbitretry.delays`).
 
 A quorum work queue is always declared with an explicit ``x-delivery-limit``
 (:data:`DEFAULT_DELIVERY_LIMIT` unless the queue says otherwise). RabbitMQ 4.0 and later apply
@@ -22,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rabbitretry import naming
+from rabbitretry import delays, naming
 
 QueueType = Literal["classic", "quorum"]
 ExchangeType = Literal["direct", "topic", "fanout", "headers"]
@@ -77,20 +78,29 @@ class QueueDeclaration(_Model):
     durable: bool = True
     role: Literal["work", "dead", "delay"] = "work"
 
+    @property
+    def shared(self) -> bool:
+        """A delay-chain queue: other work queues of its type use it too; never delete it
+        along with one work queue."""
+        return self.role == "delay"
+
 
 class BindingDeclaration(_Model):
+    """``exchange`` routes ``routing_key`` to ``queue`` (or to the exchange of that name)."""
+
     exchange: str
     queue: str
     routing_key: str
     arguments: Arguments = {}
+    destination_type: Literal["queue", "exchange"] = "queue"
 
 
 class WorkQueue(_Model):
-    """A queue that a consumer reads, with its dead letters and delay ladder."""
+    """A queue that a consumer reads, with its dead letters; its retries wait in the delay
+    chain of its queue type."""
 
     name: str = Field(pattern=_NAME_PATTERN)
     type: QueueType = "classic"
-    max_delay: float = Field(default=300.0, gt=0, description="longest retry delay, seconds")
     dead_queue: str | None = Field(default=None, pattern=_NAME_PATTERN)
     delivery_limit: DeliveryLimit = Field(
         default=None,
@@ -125,23 +135,9 @@ class WorkQueue(_Model):
     def dead_queue_name(self) -> str:
         return self.dead_queue or naming.dead_queue(self.name)
 
-    @property
-    def ladder(self) -> list[int]:
-        return naming.delay_ladder(self.max_delay)
-
-    def _type_arguments(self) -> Arguments:
-        if self.type == "classic":
-            return {}
-        # Quorum queues can dead-letter at-least-once, which needs reject-publish overflow.
-        return {
-            "x-queue-type": "quorum",
-            "x-dead-letter-strategy": "at-least-once",
-            "x-overflow": "reject-publish",
-        }
-
     def declarations(self) -> list[QueueDeclaration]:
         work_args: Arguments = {
-            **self._type_arguments(),
+            **_type_arguments(self.type),
             # A broker-side safety net: anything the broker itself rejects lands with the
             # dead letters instead of vanishing.
             "x-dead-letter-exchange": "",
@@ -150,23 +146,65 @@ class WorkQueue(_Model):
         if self.effective_delivery_limit is not None:
             work_args["x-delivery-limit"] = self.effective_delivery_limit
         dead_args = {"x-queue-type": "quorum"} if self.type == "quorum" else {}
-        queues = [
+        return [
             QueueDeclaration(name=self.name, arguments=work_args, role="work"),
             QueueDeclaration(name=self.dead_queue_name, arguments=dead_args, role="dead"),
         ]
-        for seconds in self.ladder:
-            delay_args = {
-                **self._type_arguments(),
-                "x-message-ttl": seconds * 1000,
-                "x-dead-letter-exchange": "",
-                "x-dead-letter-routing-key": self.name,
-            }
-            queues.append(
-                QueueDeclaration(
-                    name=naming.delay_queue(self.name, seconds), arguments=delay_args, role="delay"
-                )
-            )
-        return queues
+
+    def deliver_binding(self) -> BindingDeclaration:
+        """The work queue's binding on the delay chain's deliver exchange."""
+        return BindingDeclaration(
+            exchange=delays.DELIVER_EXCHANGE,
+            queue=self.name,
+            routing_key=delays.deliver_key(self.name),
+        )
+
+
+def _type_arguments(queue_type: QueueType) -> Arguments:
+    if queue_type == "classic":
+        return {}
+    # Quorum queues can dead-letter at-least-once, which needs reject-publish overflow.
+    return {
+        "x-queue-type": "quorum",
+        "x-dead-letter-strategy": "at-least-once",
+        "x-overflow": "reject-publish",
+    }
+
+
+def delay_chain(queue_type: QueueType) -> tuple[list[Exchange], list[QueueDeclaration]]:
+    """The exchanges and queues of one queue type's delay chain (see :mod:`rabbitretry.delays`)."""
+    exchanges, queues = [], []
+    for level in range(delays.LEVELS):
+        name = delays.level_name(queue_type, level)
+        exchanges.append(Exchange(name=name, type="topic"))
+        arguments = {
+            **_type_arguments(queue_type),
+            "x-message-ttl": delays.level_ttl_ms(level),
+            # No x-dead-letter-routing-key: the copy keeps the key that says where it goes.
+            "x-dead-letter-exchange": delays.next_hop(queue_type, level),
+        }
+        queues.append(QueueDeclaration(name=name, arguments=arguments, role="delay"))
+    return exchanges, queues
+
+
+def delay_chain_bindings(queue_type: QueueType) -> list[BindingDeclaration]:
+    bindings = []
+    for level in range(delays.LEVELS):
+        name = delays.level_name(queue_type, level)
+        into_queue, onwards = delays.level_keys(level)
+        bindings += [
+            BindingDeclaration(exchange=name, queue=name, routing_key=into_queue),
+            BindingDeclaration(
+                exchange=name,
+                queue=delays.next_hop(queue_type, level),
+                routing_key=onwards,
+                destination_type="exchange",
+            ),
+        ]
+    return bindings
+
+
+DELIVER = Exchange(name=delays.DELIVER_EXCHANGE, type="topic")
 
 
 class Topology(_Model):
@@ -181,6 +219,16 @@ class Topology(_Model):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"queue names used twice: {', '.join(duplicates)}")
+        reserved = [
+            name
+            for name in [e.name for e in self.exchanges] + [q.name for q in self.queues]
+            if name.startswith(f"{delays.PREFIX}.")
+        ]
+        if reserved:
+            raise ValueError(
+                f"names starting with {delays.PREFIX + '.'!r} are the delay chain's: "
+                f"{', '.join(reserved)}"
+            )
         known = {e.name for e in self.exchanges}
         for queue in self.queues:
             for binding in queue.bindings:
@@ -191,17 +239,30 @@ class Topology(_Model):
                     )
         return self
 
+    @property
+    def queue_types(self) -> list[QueueType]:
+        """The queue types in use, each with a delay chain of its own."""
+        return sorted({queue.type for queue in self.queues})
+
+    def exchange_declarations(self) -> list[Exchange]:
+        """The exchanges of the topology, then those of the delay chains it needs."""
+        chains = [e for queue_type in self.queue_types for e in delay_chain(queue_type)[0]]
+        return [*self.exchanges, *([DELIVER] if self.queues else []), *chains]
+
     def queue_declarations(self) -> list[QueueDeclaration]:
-        return [declaration for queue in self.queues for declaration in queue.declarations()]
+        own = [declaration for queue in self.queues for declaration in queue.declarations()]
+        return own + [q for queue_type in self.queue_types for q in delay_chain(queue_type)[1]]
 
     def binding_declarations(self) -> list[BindingDeclaration]:
-        return [
+        bindings = [
             BindingDeclaration(
                 exchange=b.exchange, queue=q.name, routing_key=b.routing_key, arguments=b.arguments
             )
             for q in self.queues
             for b in q.bindings
         ]
+        bindings += [queue.deliver_binding() for queue in self.queues]
+        return bindings + [b for t in self.queue_types for b in delay_chain_bindings(t)]
 
     def work_queue(self, name: str) -> WorkQueue:
         for queue in self.queues:

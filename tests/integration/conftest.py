@@ -30,7 +30,7 @@ class BrokerCleanup:
         self.exchanges: list[str] = []
 
     def topology(self, topology: Topology) -> Topology:
-        self.queues += [q.name for q in topology.queue_declarations()]
+        self.queues += [q.name for q in topology.queue_declarations() if not q.shared]
         self.exchanges += [e.name for e in topology.exchanges]
         return topology
 

@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from rabbitretry import Consumer, Context, Permanent, RetryPolicy, UnpublishableError, naming
+from rabbitretry import Consumer, Context, Permanent, RetryPolicy, UnpublishableError, delays
 from rabbitretry.amqp import ConfirmingPublisher
 from rabbitretry.failure import rejection
 from rabbitretry.ledger import AttemptLedger, ClaimRequest, Key, Snapshot
@@ -77,8 +77,8 @@ async def test_every_road_to_dead_logs_one_error_line(
 
     async def publish_refusing(self: ConfirmingPublisher, body: bytes, **options: Any) -> None:
         # The one road a test cannot reach with a real message: a retry copy AMQP refuses.
-        delay = queue_name + naming.DELAY_INFIX
-        if options["message_id"] == "unpublishable" and options["routing_key"].startswith(delay):
+        to_chain = options.get("exchange", "").startswith(delays.PREFIX)
+        if options["message_id"] == "unpublishable" and to_chain:
             raise UnpublishableError("header 'x' is not one AMQP can carry")
         await real_publish(self, body, **options)
 

@@ -110,10 +110,12 @@ async def test_transient_failure_retried_at_the_scheduled_times(
     policy = RetryPolicy(max_attempts=5, initial_delay=1.0, multiplier=2.0, jitter=0.0)
     consumer = make_consumer(queue_name, handler, queue_type=queue_type, policy=policy)
     cleanup.append(consumer)
-    async with running_worker([consumer], amqp_url, database_url):
+    async with running_worker([consumer], amqp_url, database_url) as worker:
         await publish(amqp_url, queue_name, {"n": 1}, message_id="flaky")
         await wait_status(pool, queue_name, "flaky", "succeeded", timeout=20)
 
+    # The delay chain holds each copy until it is due: it passes the worker once.
+    assert [o.result for o in worker.outcomes] == ["retrying", "retrying", "succeeded"]
     rows = await attempt_rows(pool, queue_name, "flaky")
     assert [r["outcome"] for r in rows] == ["retry", "retry", "succeeded"]
     for failed, scheduled_delay, following in zip(rows, (1.0, 2.0), rows[1:], strict=False):

@@ -9,7 +9,7 @@ from typing import Literal
 import aio_pika
 import pytest
 
-from rabbitretry import amqp
+from rabbitretry import amqp, delays
 from rabbitretry.errors import TopologyError
 from rabbitretry.topology import Binding, Exchange, Topology, WorkQueue, declare, plan, verify
 from rabbitretry.topology.model import DEFAULT_DELIVERY_LIMIT
@@ -28,7 +28,6 @@ def make_topology(queue_name: str, queue_type: QueueType = "classic") -> Topolog
             WorkQueue(
                 name=queue_name,
                 type=queue_type,
-                max_delay=4,
                 delivery_limit=5 if queue_type == "quorum" else None,
                 bindings=[Binding(exchange=exchange, routing_key="order.paid")],
             )
@@ -65,21 +64,22 @@ async def test_declare_creates_everything_and_plan_creates_nothing(
     queue_type: QueueType,
 ) -> None:
     topology = broker_cleanup.topology(make_topology(queue_name, queue_type))
-    queues = [q.name for q in topology.queue_declarations()]
-    assert queues == [
-        queue_name,
-        f"{queue_name}.dead",
-        f"{queue_name}.delay.1s",
-        f"{queue_name}.delay.2s",
-        f"{queue_name}.delay.4s",
-    ]
+    queues = [q.name for q in topology.queue_declarations() if not q.shared]
+    assert queues == [queue_name, f"{queue_name}.dead"]
 
     before = await plan(amqp_connection, topology)
-    assert [(e.kind, e.action) for e in before.entries] == [
+    own = [(e.kind, e.action) for e in before.entries if not e.name.startswith(delays.PREFIX)]
+    assert own == [
         ("exchange", "create"),
-        *[("queue", "create")] * 5,
+        *[("queue", "create")] * 2,
         ("binding", "ensure"),
     ]
+    bindings = [e for e in before.entries if e.kind == "binding"]
+    assert len(bindings) == 2 + 2 * delays.LEVELS  # the exchange's, the deliver one, the chain
+    # The delay chain is shared: other work queues of this type may have declared it already.
+    chain = [e for e in before.entries if e.name.startswith(delays.PREFIX) and e.kind != "binding"]
+    assert len(chain) == 1 + 2 * delays.LEVELS  # the deliver exchange, and each level's pair
+    assert {e.action for e in chain} <= {"create", "ok"}
     for name in queues:
         assert not await exists(amqp_connection, "queue", name), "plan must not create"
     assert not await exists(amqp_connection, "exchange", f"{queue_name}.x")
@@ -115,37 +115,27 @@ async def test_declaring_twice_changes_nothing(
     await verify(amqp_connection, topology)
 
 
-async def test_a_delay_queue_with_another_ttl_is_a_mismatch_and_blocks_declare(
+async def test_a_queue_with_another_ttl_is_a_mismatch_and_blocks_declare(
     amqp_connection: amqp.Connection, broker_cleanup: BrokerCleanup, queue_name: str
 ) -> None:
     topology = broker_cleanup.topology(make_topology(queue_name))
-    delay = f"{queue_name}.delay.2s"
-    wanted = next(q for q in topology.queue_declarations() if q.name == delay).arguments
+    dead = f"{queue_name}.dead"
     async with amqp_connection.channel() as channel:
-        await channel.declare_queue(
-            delay, durable=True, arguments={**wanted, "x-message-ttl": 5000}
-        )
+        await channel.declare_queue(dead, durable=True, arguments={"x-message-ttl": 5000})
 
     current = await plan(amqp_connection, topology)
     assert current.has_mismatch
     [mismatch] = current.mismatches
-    assert (mismatch.kind, mismatch.name) == ("queue", delay)
+    assert (mismatch.kind, mismatch.name) == ("queue", dead)
     assert "inequivalent arg 'x-message-ttl'" in mismatch.detail
-    assert {e.name for e in current.missing} == {
-        f"{queue_name}.x",
-        queue_name,
-        f"{queue_name}.dead",
-        f"{queue_name}.delay.1s",
-        f"{queue_name}.delay.4s",
-    }
+    assert {f"{queue_name}.x", queue_name} <= {e.name for e in current.missing}
 
     with pytest.raises(TopologyError) as caught:
         await declare(amqp_connection, topology)
     message = str(caught.value)
-    assert delay in message and "x-message-ttl" in message
+    assert dead in message and "x-message-ttl" in message
     assert "nothing was declared" in message and "delete" in message
-    for name in (queue_name, f"{queue_name}.dead", f"{queue_name}.delay.1s"):
-        assert not await exists(amqp_connection, "queue", name), f"{name} was created"
+    assert not await exists(amqp_connection, "queue", queue_name), "the work queue was created"
     assert not await exists(amqp_connection, "exchange", f"{queue_name}.x")
 
 
@@ -181,14 +171,17 @@ async def test_an_exchange_of_another_type_is_a_mismatch(
 
 
 @pytest.mark.parametrize("queue_type", QUEUE_TYPES)
-async def test_a_delayed_copy_comes_back_to_its_work_queue_only(
+async def test_a_delayed_copy_comes_back_to_its_work_queue_only_when_due(
     amqp_connection: amqp.Connection,
     broker_cleanup: BrokerCleanup,
     queue_name: str,
     queue_type: QueueType,
 ) -> None:
     exchange = f"{queue_name}.x"
-    other = f"{queue_name}-other"
+    # Bound to everything on the same exchange: if the chain dead-lettered through that
+    # exchange (with any routing key), this queue would get a copy; its name ends with the
+    # other's, so a loose binding on the deliver exchange would match it too.
+    other = f"x.{queue_name}"
     topology = broker_cleanup.topology(
         Topology(
             exchanges=[Exchange(name=exchange)],
@@ -196,42 +189,38 @@ async def test_a_delayed_copy_comes_back_to_its_work_queue_only(
                 WorkQueue(
                     name=queue_name,
                     type=queue_type,
-                    max_delay=2,
                     bindings=[Binding(exchange=exchange, routing_key="order.paid")],
                 ),
-                # Bound to everything on the same exchange: if a delay queue dead-lettered
-                # through that exchange (with any routing key), this queue would get a copy.
-                WorkQueue(
-                    name=other, max_delay=1, bindings=[Binding(exchange=exchange, routing_key="#")]
-                ),
+                WorkQueue(name=other, bindings=[Binding(exchange=exchange, routing_key="#")]),
             ],
         )
     )
     await declare(amqp_connection, topology)
 
+    route = delays.route(queue_name, queue_type, 0.75)  # 75 ticks: 1001011, four queues
     async with amqp_connection.channel() as channel:
         started = time.monotonic()
-        await channel.default_exchange.publish(
+        target = await channel.get_exchange(route.exchange)
+        await target.publish(
             aio_pika.Message(
                 b"{}", message_id="retry-1", delivery_mode=aio_pika.DeliveryMode.PERSISTENT
             ),
-            routing_key=f"{queue_name}.delay.1s",
+            routing_key=route.routing_key,
         )
         work = await channel.get_queue(queue_name)
         arrived = await get_within(work, 10)
         elapsed = time.monotonic() - started
         assert arrived is not None, "the delayed copy never reached the work queue"
         assert arrived.message_id == "retry-1"
-        assert 0.9 <= elapsed < 5, elapsed
+        assert elapsed >= 0.75, "the copy came back early"
         deaths = arrived.headers["x-death"]
-        assert isinstance(deaths, list) and len(deaths) == 1
-        death = deaths[0]
-        assert isinstance(death, dict)
-        assert death["queue"] == f"{queue_name}.delay.1s"
-        assert death["reason"] == "expired"
+        assert isinstance(deaths, list)
+        levels = {death["queue"] for death in deaths if isinstance(death, dict)}
+        assert levels == {delays.level_name(queue_type, n) for n in (6, 3, 1, 0)}
+        assert {death["reason"] for death in deaths if isinstance(death, dict)} == {"expired"}
 
         await asyncio.sleep(0.3)
-        for name in (other, f"{other}.delay.1s", f"{queue_name}.dead", f"{queue_name}.delay.1s"):
+        for name in (other, f"{queue_name}.dead"):
             queue = await channel.get_queue(name)
             assert await queue.get(no_ack=True, fail=False) is None, f"a copy reached {name}"
 
@@ -244,19 +233,19 @@ async def test_verify_raises_when_anything_is_missing_or_mismatched(
         await verify(amqp_connection, topology)
     message = str(caught.value)
     assert "rabbitretry topology declare" in message and "--declare" in message
-    assert f"queue '{queue_name}.delay.4s': missing" in message
+    assert f"queue '{queue_name}.dead': missing" in message
 
     await declare(amqp_connection, topology)
     await verify(amqp_connection, topology)
 
     async with amqp_connection.channel() as channel:
-        await channel.queue_delete(f"{queue_name}.delay.2s")
+        await channel.queue_delete(queue_name)
         await channel.queue_delete(f"{queue_name}.dead")
         await channel.declare_queue(f"{queue_name}.dead", durable=True)  # classic, not quorum
     with pytest.raises(TopologyError) as caught:
         await verify(amqp_connection, topology)
     message = str(caught.value)
-    assert f"queue '{queue_name}.delay.2s': missing" in message
+    assert f"queue '{queue_name}': missing" in message
     assert f"queue '{queue_name}.dead': PRECONDITION_FAILED" in message
     assert "cannot change in place" in message and "--declare" in message
 
@@ -268,7 +257,7 @@ async def test_a_quorum_queue_declared_without_a_delivery_limit_is_a_mismatch(
 
     Redeclaring it with the limit would be a 406 PRECONDITION_FAILED, so declare refuses first.
     """
-    wanted = WorkQueue(name=queue_name, type="quorum", max_delay=1)
+    wanted = WorkQueue(name=queue_name, type="quorum")
     topology = broker_cleanup.topology(Topology(queues=[wanted]))
     work = topology.queue_declarations()[0]
     assert work.arguments["x-delivery-limit"] == DEFAULT_DELIVERY_LIMIT

@@ -249,7 +249,7 @@ def test_a_class_without_a_queue_is_not_checked() -> None:
 
 def test_work_queue_with_defaults() -> None:
     assert AwardPoints.work_queue() == WorkQueue(
-        name="points.award", type="classic", max_delay=300.0, dead_queue=None, bindings=[]
+        name="points.award", type="classic", dead_queue=None, bindings=[]
     )
 
 
@@ -271,19 +271,6 @@ def test_work_queue_carries_the_class_settings() -> None:
     assert queue.type == "quorum"
     assert queue.dead_queue == "points.graveyard"
     assert queue.bindings == [binding]
-    assert queue.max_delay == 120.0
-
-
-def test_work_queue_max_delay_covers_the_lease() -> None:
-    class LongLease(Consumer[OrderPaid]):
-        queue = "long.lease"
-        lease = 45.0
-        retry = RetryPolicy(initial_delay=1.0, max_delay=10.0)
-
-        async def handle(self, msg: OrderPaid, ctx: Context) -> None:
-            pass
-
-    assert LongLease.work_queue().max_delay == 45.0
 
 
 # --- Context ---------------------------------------------------------------------------------

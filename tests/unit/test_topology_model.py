@@ -37,7 +37,7 @@ type = "topic"
 [[queues]]
 name = "points.award"
 type = "quorum"
-max_delay = 300
+delivery_limit = 1000
 bindings = [{ exchange = "orders", routing_key = "order.paid" }]
 """
 
@@ -50,7 +50,6 @@ def orders_topology(queue_type: str = "classic", **queue: object) -> Topology:
                 {
                     "name": "points.award",
                     "type": queue_type,
-                    "max_delay": 8,
                     "bindings": [{"exchange": "orders", "routing_key": "order.paid"}],
                     **queue,
                 }
@@ -66,41 +65,20 @@ def by_name(topology: Topology) -> dict[str, QueueDeclaration]:
 # --- expansion -------------------------------------------------------------------------------
 
 
-def test_a_work_queue_expands_into_work_dead_and_delay_queues() -> None:
-    names = [q.name for q in orders_topology().queue_declarations()]
-    assert names == [
-        "points.award",
-        "points.award.dead",
-        "points.award.delay.1s",
-        "points.award.delay.2s",
-        "points.award.delay.4s",
-        "points.award.delay.8s",
-    ]
-    roles = [q.role for q in orders_topology().queue_declarations()]
-    assert roles == ["work", "dead", "delay", "delay", "delay", "delay"]
+def test_a_work_queue_expands_into_work_and_dead_queues_then_the_shared_chain() -> None:
+    declarations = orders_topology().queue_declarations()
+    assert [q.name for q in declarations[:2]] == ["points.award", "points.award.dead"]
+    assert [q.role for q in declarations[:2]] == ["work", "dead"]
+    chain = declarations[2:]
+    assert [q.name for q in chain] == [f"rabbitretry.delay.classic.{n:02d}" for n in range(24)]
+    assert all(q.role == "delay" and q.shared for q in chain)
+    assert not any(q.shared for q in declarations[:2])
 
 
-@pytest.mark.parametrize(
-    ("max_delay", "ladder"),
-    [
-        (0.5, [1]),
-        (1, [1]),
-        (3, [1, 2]),
-        (255, [1, 2, 4, 8, 16, 32, 64, 128]),
-        (256, [1, 2, 4, 8, 16, 32, 64, 128, 256]),
-        (300, [1, 2, 4, 8, 16, 32, 64, 128, 256]),
-    ],
-)
-def test_the_ladder_covers_max_delay_with_powers_of_two(
-    max_delay: float, ladder: list[int]
-) -> None:
-    queue = WorkQueue(name="q", max_delay=max_delay)
-    assert queue.ladder == ladder
-    assert len(queue.declarations()) == 2 + len(ladder)
-
-
-def test_the_ladder_stays_bounded_for_huge_delays() -> None:
-    assert len(WorkQueue(name="q", max_delay=10**9).ladder) == 17  # up to 2**16 s
+def test_the_chain_is_declared_once_for_many_queues_of_a_type() -> None:
+    topology = Topology(queues=[WorkQueue(name=f"q{n}") for n in range(5)])
+    assert len(topology.queue_declarations()) == 5 * 2 + 24
+    assert len(topology.exchange_declarations()) == 1 + 24  # the deliver exchange and levels
 
 
 def test_a_classic_work_queue_dead_letters_to_its_dead_queue() -> None:
@@ -136,14 +114,12 @@ def test_the_dead_queue_never_expires_or_dead_letters(queue_type: str) -> None:
 
 
 @pytest.mark.parametrize("queue_type", ["classic", "quorum"])
-def test_delay_queues_dead_letter_to_the_work_queue_only(queue_type: str) -> None:
-    delays = [q for q in orders_topology(queue_type).queue_declarations() if q.role == "delay"]
-    assert [q.arguments["x-message-ttl"] for q in delays] == [1000, 2000, 4000, 8000]
-    for queue in delays:
-        # The default exchange with the work queue's name: never back through "orders",
-        # which would also reach every other queue bound there.
-        assert queue.arguments["x-dead-letter-exchange"] == ""
-        assert queue.arguments["x-dead-letter-routing-key"] == "points.award"
+def test_delay_queues_dead_letter_only_into_the_chain(queue_type: str) -> None:
+    chain = [q for q in orders_topology(queue_type).queue_declarations() if q.role == "delay"]
+    for queue in chain:
+        # Never back through "orders", which would also reach every other queue bound there:
+        # the chain ends at the deliver exchange, where each work queue has its own key.
+        assert queue.arguments["x-dead-letter-exchange"].startswith("rabbitretry.delay.")
         assert "x-expires" not in queue.arguments
 
 
@@ -154,7 +130,8 @@ def test_a_custom_dead_queue_name_is_used_by_the_work_queue() -> None:
 
 
 def test_bindings_expand_to_the_work_queue() -> None:
-    [binding] = orders_topology().binding_declarations()
+    binding, deliver = orders_topology().binding_declarations()[:2]
+    assert (deliver.exchange, deliver.queue) == ("rabbitretry.delay.deliver", "points.award")
     assert (binding.exchange, binding.queue, binding.routing_key) == (
         "orders",
         "points.award",
@@ -257,7 +234,7 @@ def test_a_toml_file_loads_into_a_topology(tmp_path: Path) -> None:
             WorkQueue(
                 name="points.award",
                 type="quorum",
-                max_delay=300,
+                delivery_limit=1000,
                 bindings=[Binding(exchange="orders", routing_key="order.paid")],
             )
         ],
@@ -265,25 +242,21 @@ def test_a_toml_file_loads_into_a_topology(tmp_path: Path) -> None:
 
 
 def test_a_toml_file_sets_the_delivery_limit(tmp_path: Path) -> None:
-    limited = GOOD_TOML.replace("max_delay = 300", "max_delay = 300\ndelivery_limit = 50")
+    limited = GOOD_TOML.replace("delivery_limit = 1000", "delivery_limit = 50")
     topology = load_toml(write(tmp_path, "limited.toml", limited))
     assert by_name(topology)["points.award"].arguments["x-delivery-limit"] == 50
-    unset = GOOD_TOML.replace(
-        "max_delay = 300", 'max_delay = 300\ndelivery_limit = "broker-default"'
-    )
+    unset = GOOD_TOML.replace("delivery_limit = 1000", 'delivery_limit = "broker-default"')
     topology = load_toml(write(tmp_path, "unset.toml", unset))
     assert "x-delivery-limit" not in by_name(topology)["points.award"].arguments
 
 
 def test_an_invalid_value_names_the_file_the_queue_and_the_field(tmp_path: Path) -> None:
-    path = write(tmp_path, "bad.toml", GOOD_TOML.replace("max_delay = 300", "max_delay = -1"))
+    path = write(tmp_path, "bad.toml", GOOD_TOML.replace('name = "points.award"', "name = 7"))
     with pytest.raises(ConfigurationError) as caught:
         load_toml(path)
     message = str(caught.value)
     assert message.startswith(f"{path}: invalid topology: ")
-    assert "queues[0] ('points.award').max_delay: Input should be greater than 0 (got -1)" in (
-        message
-    )
+    assert "queues[0].name: Input should be a valid string (got 7)" in message
     assert "\n" not in message
     assert "errors.pydantic.dev" not in message
 
@@ -332,7 +305,9 @@ def test_load_many_accepts_identical_repeats_and_names_a_conflicting_file(tmp_pa
     first = write(tmp_path, "a.toml", GOOD_TOML)
     same = write(tmp_path, "b.toml", GOOD_TOML)
     assert load_many([first, same]) == load_toml(first)
-    other = write(tmp_path, "c.toml", GOOD_TOML.replace("max_delay = 300", "max_delay = 60"))
+    other = write(
+        tmp_path, "c.toml", GOOD_TOML.replace("delivery_limit = 1000", "delivery_limit = 60")
+    )
     with pytest.raises(ConfigurationError, match=r"c\.toml: conflicts .*'points\.award'"):
         load_many([first, other])
 
@@ -350,7 +325,7 @@ def test_load_many_refuses_an_empty_list_or_directory(tmp_path: Path) -> None:
 def test_export_writes_rabbitmq_definitions() -> None:
     definitions = export_definitions(orders_topology("quorum"), vhost="shop")
     assert set(definitions) == {"exchanges", "queues", "bindings"}
-    assert definitions["exchanges"] == [
+    assert definitions["exchanges"][:1] == [
         {
             "name": "orders",
             "vhost": "shop",
@@ -362,21 +337,22 @@ def test_export_writes_rabbitmq_definitions() -> None:
         }
     ]
     queues = {q["name"]: q for q in definitions["queues"]}
-    assert len(queues) == 6
+    assert len(queues) == 2 + 24
     assert queues["points.award"]["arguments"]["x-delivery-limit"] == DEFAULT_DELIVERY_LIMIT
-    assert queues["points.award.delay.4s"] == {
-        "name": "points.award.delay.4s",
+    assert queues["rabbitretry.delay.quorum.02"] == {
+        "name": "rabbitretry.delay.quorum.02",
         "vhost": "shop",
         "durable": True,
         "auto_delete": False,
         "arguments": {
             **QUORUM,
-            "x-message-ttl": 4000,
-            "x-dead-letter-exchange": "",
-            "x-dead-letter-routing-key": "points.award",
+            "x-message-ttl": 40,
+            "x-dead-letter-exchange": "rabbitretry.delay.quorum.01",
         },
     }
-    assert definitions["bindings"] == [
+    onward = [b for b in definitions["bindings"] if b["destination_type"] == "exchange"]
+    assert len(onward) == 24
+    assert definitions["bindings"][:1] == [
         {
             "source": "orders",
             "vhost": "shop",
