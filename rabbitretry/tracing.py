@@ -210,9 +210,18 @@ def delivery_span(
 ) -> contextlib.AbstractContextManager[DeliverySpan]:
     """The CONSUMER span ``process <queue>`` around one delivery, current while it runs (the
     handler's own spans are its children); its parent is the context in the headers."""
-    if not ENABLED:
+    if not (ENABLED and _configured()):
         return _NO_DELIVERY
     return _delivery(queue, message)
+
+
+def _configured() -> bool:
+    """Whether a tracer provider is set up: with the API alone every span is a no-op, and
+    building one per delivery for nothing would cost the worker's hot path."""
+    if _provider is not None:
+        return True
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
 
 
 def record_attempt(attempt: int, max_attempts: int, result: AttemptResult) -> None:

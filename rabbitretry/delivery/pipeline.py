@@ -457,12 +457,16 @@ class Pipeline:
 
     @contextlib.asynccontextmanager
     async def _lease_kept(self, key: Key, attempt: int) -> AsyncIterator[None]:
-        """Renew the claim's lease every third of its length while the attempt runs."""
+        """Renew the claim's lease every third of its length while the attempt runs.
+
+        The renewing task starts only once a third of the lease has passed: most attempts
+        end before that, and a task per attempt would cost every delivery.
+        """
         lease = type(self.consumer).lease
+        renewers: list[asyncio.Task[None]] = []
 
         async def renew() -> None:
             while True:
-                await asyncio.sleep(lease / 3)
                 try:
                     if not await self.ledger.renew_lease(key, attempt, lease):
                         log.warning(
@@ -479,14 +483,19 @@ class Pipeline:
                         error,
                         extra=self._fields(key, attempt=attempt),
                     )
+                await asyncio.sleep(lease / 3)
 
-        renewer = asyncio.create_task(renew())
+        timer = asyncio.get_running_loop().call_later(
+            lease / 3, lambda: renewers.append(asyncio.create_task(renew()))
+        )
         try:
             yield
         finally:
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
+            timer.cancel()
+            for renewer in renewers:
+                renewer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await renewer
 
     def _fields(
         self, key: Key | None = None, *, message_id: str | None = None, **known: object
