@@ -1,7 +1,8 @@
-"""``python -m bench``: every variant, latency, retry timing and the due-scan, in one run.
+"""``python -m bench``: every variant, latency, retry timing, scaling and the due-scan, in one run.
 
-Writes ``bench/results/latest.json`` and ``bench/results/throughput.png`` and prints the
-tables. ``--quick`` is the short run (3,000 messages a variant).
+Writes ``bench/results/latest.json`` and ``bench/results/throughput.png``, the generated part of
+docs/benchmarks.md, and prints the tables. ``--quick`` is the short run (3,000 messages a
+variant, retries up to a minute).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import asyncpg
 from bench import report, stats
 from bench.due_scan import run_due_scan, scan_statement
 from bench.latency import run_latency
-from bench.retry_delay import run_retry_delays
+from bench.processes import run_processes
+from bench.retry_delay import MIN_DELAY, run_retry_delays
 from bench.services import AMQP_URL, scratch_database
 from bench.throughput import run_dramatiq, run_naive, run_rabbitretry, run_raw
 
@@ -91,51 +93,62 @@ async def machine(database_url: str) -> dict[str, Any]:
     }
 
 
-async def main(messages: int, repeats: int, retries: int, latency_seconds: float) -> None:
+async def latencies(database_url: str, peak: float, seconds: float) -> dict[str, Any]:
+    """A, B and C at a quarter and at half of C's peak, each at concurrency 32."""
+    found: dict[str, Any] = {}
+    for load, fraction in (("quarter", 0.25), ("half", 0.5)):
+        rate = fraction * peak
+        count = max(500, int(rate * seconds))
+        found[load] = {"rate": rate}
+        for variant in ("A", "B", "C"):
+            print(f"  latency {variant} at {rate:,.0f} msgs/s, {count:,} messages", flush=True)
+            report = await run_latency(database_url, variant, rate, count, 32)
+            found[load][variant] = stats.latency_summary(report.latencies_ms)
+            if variant == "C":
+                found[load]["rss_mb"] = report.peak_rss_mb
+    return found
+
+
+async def main(
+    messages: int, repeats: int, retries: int, max_retry_delay: float, latency_seconds: float
+) -> None:
     # SIGTERM stops the run like Ctrl-C: cleanup (scratch database, queues) still runs.
     this = asyncio.current_task()
     assert this is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, this.cancel)
     started = time.monotonic()
     async with scratch_database() as database_url:
-        print(f"throughput: {messages:,} messages a run, {repeats} runs, medians", flush=True)
+        print(f"throughput: {messages:,} messages a run, {repeats} rounds, medians", flush=True)
         runs = await throughput(database_url, messages, repeats)
         rates = stats.medians(runs)
+        spread = stats.paired_ratios(runs)
+        ratios = {**stats.ratios(rates), **{name: r["median"] for name, r in spread.items()}}
 
-        rate = 0.5 * stats.best(rates["C"])
-        count = max(500, int(rate * latency_seconds))
-        print(f"latency: {count:,} messages at {rate:,.0f} msgs/s, concurrency 32", flush=True)
-        pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
-        assert pool is not None
-        try:
+        print("latency: A, B and C at 25 % and 50 % of C's peak", flush=True)
+        latency = await latencies(database_url, stats.best(rates["C"]), latency_seconds)
+        latency.update({v: latency["half"][v] for v in ("A", "B", "C")})  # stable names
+        latency["rate"] = latency["half"]["rate"]
 
-            async def succeeded(queue: str) -> int:
-                return int(
-                    await pool.fetchval(
-                        "SELECT count(*) FROM rabbitretry.ledger"
-                        " WHERE queue = $1 AND status = 'succeeded'",
-                        queue,
-                    )
-                )
+        print("worker processes: 1, 2 and 4, concurrency 8 each", flush=True)
+        processes = {
+            str(count): await run_processes(database_url, count, messages, max(200, messages // 10))
+            for count in (1, 2, 4)
+        }
 
-            worker = await run_latency(database_url, rate, count, 32, succeeded)
-        finally:
-            await pool.close()
-        latency = {"rate": rate, "concurrency": 32, **stats.summary(worker.latencies_ms)}
-
-        print(f"retry delays: {retries} retries of 1-8 s", flush=True)
-        delays = await run_retry_delays(database_url, retries)
-        errors = [error for error, _ in delays]
-        allowance = stats.retry_allowance([scheduled for _, scheduled in delays])
-        retry = {**stats.summary(errors), "allowance": allowance, "min": min(errors)}
+        print(f"retry timing: {retries} retries of {MIN_DELAY}-{max_retry_delay:g} s", flush=True)
+        timing = await run_retry_delays(database_url, retries, max_retry_delay)
+        retry = {
+            **stats.lateness_summary(timing.lateness_s, timing.parked),
+            "min_delay_s": MIN_DELAY,
+            "max_delay_s": max_retry_delay,
+        }
 
         print("due-scan: 10k, 100k, 1M ledger rows", flush=True)
         scan = await run_due_scan(database_url)
         info = await machine(database_url)
 
-    targets = stats.targets(
-        rates, latency["p99"], retry["p99"], allowance, scan.get("1000000"), worker.peak_rss_mb
-    )
+    rss = latency["half"]["rss_mb"]
+    targets = stats.targets(stats.Measured(ratios, latency, retry, scan.get("1000000"), rss))
     results = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": info,
@@ -143,9 +156,11 @@ async def main(messages: int, repeats: int, retries: int, latency_seconds: float
         "repeats": repeats,
         "runs": runs,
         "throughput": rates,
-        "ratios": stats.ratios(rates),
+        "ratios": ratios,
+        "ratio_spread": spread,
         "latency": latency,
-        "rss_mb": worker.peak_rss_mb,
+        "processes": processes,
+        "rss_mb": rss,
         "retry_delay": retry,
         "due_scan_ms": scan,
         "due_scan_statement": scan_statement()[1],
@@ -168,7 +183,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="3,000 messages a run")
     parser.add_argument("--messages", type=int, help="messages a run (default 20,000)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each variant")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of every variant")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     messages = args.messages or (3_000 if args.quick else 20_000)
@@ -177,6 +192,7 @@ if __name__ == "__main__":
             messages,
             args.repeats,
             retries=200 if args.quick else 400,
+            max_retry_delay=60.0 if args.quick else 180.0,
             latency_seconds=5.0 if args.quick else 15.0,
         )
     )

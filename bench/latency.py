@@ -1,7 +1,8 @@
-"""End-to-end latency at a steady rate, and the worker's peak memory, from a worker process.
+"""End-to-end latency of A, B and C at the same steady rates, each consumer in a process.
 
-A paced publisher sends messages stamped with their send time at a fixed rate (about half of
-rabbitretry's peak throughput); the worker, in a subprocess, notes publish-to-ack for each.
+A paced publisher, in a process of its own, sends messages stamped with their send time at a
+fixed rate; the consumer variant, in another process, notes publish-to-ack for each
+(:mod:`bench.worker_proc`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from typing import Any
 
 import aio_pika
 
-from bench.services import AMQP_URL, body, delete_queues, random_name, wait_until
+from bench.services import AMQP_URL, body, delete_queues, random_name
 from rabbitretry.delivery.worker import topology_of
-from rabbitretry.topology import Topology
 
 STARTUP_TIMEOUT = 60.0
 
@@ -28,23 +28,33 @@ STARTUP_TIMEOUT = 60.0
 class WorkerReport:
     latencies_ms: list[float]
     peak_rss_mb: float
+    parked: int = 0
 
 
 @contextlib.asynccontextmanager
 async def worker_process(
-    queue: str, database_url: str, concurrency: int, mode: str
+    queue: str,
+    database_url: str,
+    concurrency: int,
+    mode: str,
+    variant: str = "C",
+    expect: int | None = None,
 ) -> AsyncIterator[asyncio.subprocess.Process]:
-    """Start the worker subprocess, wait for it to consume; SIGTERM it at the end."""
+    """Start a consumer process, wait for it to consume; SIGTERM it at the end."""
+    more = ["--expect", str(expect)] if expect is not None else []
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "bench.worker_proc",
         queue,
         database_url,
+        "--variant",
+        variant,
         "--concurrency",
         str(concurrency),
         "--mode",
         mode,
+        *more,
         stdout=asyncio.subprocess.PIPE,
     )
     try:
@@ -58,14 +68,15 @@ async def worker_process(
             process.terminate()
 
 
-async def report_of(process: asyncio.subprocess.Process) -> WorkerReport:
-    """SIGTERM the worker and read its closing report."""
-    process.terminate()
+async def report_of(process: asyncio.subprocess.Process, stop: bool = True) -> WorkerReport:
+    """The worker's closing report; SIGTERM it first unless it stops by itself."""
+    if stop:
+        process.terminate()
     assert process.stdout is not None
-    out = await asyncio.wait_for(process.stdout.read(), 120)
+    out = await asyncio.wait_for(process.stdout.read(), 300)
     await process.wait()
     data: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
-    return WorkerReport(data["latencies_ms"], data["peak_rss_mb"])
+    return WorkerReport(data["latencies_ms"], data["peak_rss_mb"], data["parked"])
 
 
 async def paced_publish(queue: str, rate: float, count: int, warmup: int) -> None:
@@ -96,30 +107,40 @@ async def paced_publish(queue: str, rate: float, count: int, warmup: int) -> Non
         await connection.close()
 
 
-def _queues(topology: Topology) -> list[str]:
-    return [q.name for q in topology.queue_declarations()]
+async def publisher_process(queue: str, rate: float, count: int, warmup: int) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.publisher_proc",
+        queue,
+        str(rate),
+        str(count),
+        str(warmup),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), count / rate + 300)
+    if process.returncode != 0 or b"sent" not in out:
+        raise RuntimeError(f"the paced publisher failed (exit {process.returncode})")
 
 
 async def run_latency(
-    database_url: str, rate: float, count: int, concurrency: int, ledger_count: Any
+    database_url: str, variant: str, rate: float, count: int, concurrency: int
 ) -> WorkerReport:
-    """Latency at ``rate`` msgs/s over ``count`` messages; ``ledger_count(queue)`` -> done."""
+    """``variant``'s publish-to-ack latency at ``rate`` msgs/s over ``count`` messages."""
     from bench.throughput import noop_consumer
 
-    queue = random_name("latency")
+    queue = random_name(f"latency.{variant}")
     topology = topology_of([noop_consumer(queue)])
+    warmup = max(100, count // 5)
     connection = await aio_pika.connect(AMQP_URL)
     try:
-        async with worker_process(queue, database_url, concurrency, "latency") as process:
-            warmup = max(100, count // 5)
-            await paced_publish(queue, rate, count, warmup)
-            count += warmup
-
-            async def all_done() -> bool:
-                return bool(await ledger_count(queue) >= count)
-
-            await wait_until(all_done, timeout=120, interval=0.05)
-            return await report_of(process)
+        async with worker_process(
+            queue, database_url, concurrency, "latency", variant, expect=warmup + count
+        ) as process:
+            await publisher_process(queue, rate, count, warmup)
+            return await report_of(process, stop=False)
     finally:
-        await delete_queues(connection, _queues(topology))
+        await delete_queues(
+            connection, [q.name for q in topology.queue_declarations() if not q.shared]
+        )
         await connection.close()

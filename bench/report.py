@@ -27,9 +27,13 @@ def throughput_table(rates: Mapping[str, Mapping[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def ratio_table(ratios: Mapping[str, float]) -> str:
-    lines = ["| ratio | value |", "|---|---:|"]
-    lines += [f"| {name} | {value:.2f} |" for name, value in ratios.items()]
+def ratio_table(ratios: Mapping[str, float], spread: Mapping[str, Mapping[str, Any]]) -> str:
+    """Each ratio, with its spread over the repeats where it was measured pairwise."""
+    lines = ["| ratio | value | per repeat (min to max) |", "|---|---:|---:|"]
+    for name, value in ratios.items():
+        paired = spread.get(name)
+        span = f"{paired['min']:.2f} to {paired['max']:.2f}" if paired else ""
+        lines.append(f"| {name} | {value:.2f} | {span} |")
     return "\n".join(lines)
 
 
@@ -37,42 +41,78 @@ def targets_table(targets: list[Mapping[str, Any]]) -> str:
     lines = ["| target | measured | limit | met |", "|---|---:|---:|:---:|"]
     for t in targets:
         sign = "≥" if t["higher_is_better"] else "≤"
+        unit = f" {t['unit']}" if t["unit"] else ""
+        digits = 0 if not t["unit"] else 2
         lines.append(
-            f"| {t['name']} | {t['value']:.2f} {t['unit']} | {sign} {t['limit']:.2f} {t['unit']} "
+            f"| {t['name']} | {t['value']:.{digits}f}{unit} | {sign} {t['limit']:.{digits}f}{unit} "
             f"| {'yes' if t['met'] else '**no**'} |"
         )
     return "\n".join(lines)
 
 
-def other_table(results: Mapping[str, Any]) -> str:
-    latency = results["latency"]
-    retry = results["retry_delay"]
+def latency_table(latency: Mapping[str, Any]) -> str:
+    """Publish-to-ack latency of each variant at each offered rate, in milliseconds."""
     lines = [
-        "| measure | p50 | p95 | p99 | max |",
-        "|---|---:|---:|---:|---:|",
-        f"| end-to-end latency at {latency['rate']:.0f} msgs/s (ms) | {latency['p50']:.1f} "
-        f"| {latency['p95']:.1f} | {latency['p99']:.1f} | {latency['max']:.1f} |",
-        f"| retry-delay error, {retry['count']} retries of 1-8 s (s) | {retry['p50']:.3f} "
-        f"| {retry['p95']:.3f} | {retry['p99']:.3f} | {retry['max']:.3f} |",
-        "",
-        "| ledger rows | due-scan (ms, median) |",
-        "|---:|---:|",
+        "| variant | offered rate | p50 | p95 | p99 | max |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
+    for load in ("quarter", "half"):
+        at = latency[load]
+        for variant in ("A", "B", "C"):
+            s = at[variant]
+            lines.append(
+                f"| {LABELS[variant]} | {at['rate']:,.0f} msgs/s | {s['p50_ms']:.1f} "
+                f"| {s['p95_ms']:.1f} | {s['p99_ms']:.1f} | {s['max_ms']:.1f} |"
+            )
+    return "\n".join(lines)
+
+
+def retry_table(retry: Mapping[str, Any]) -> str:
+    return "\n".join(
+        [
+            "| retries | lateness p50 | p95 | p99 | max | copies early at a worker |",
+            "|---:|---:|---:|---:|---:|---:|",
+            f"| {retry['count']} ({retry['min_delay_s']:g} s to {retry['max_delay_s']:g} s) "
+            f"| {retry['lateness_p50_s'] * 1000:.0f} ms | {retry['lateness_p95_s'] * 1000:.0f} ms "
+            f"| {retry['lateness_p99_s'] * 1000:.0f} ms | {retry['lateness_max_s'] * 1000:.0f} ms "
+            f"| {retry['early_count']} |",
+        ]
+    )
+
+
+def processes_table(processes: Mapping[str, Mapping[str, float]]) -> str:
+    lines = [
+        "| worker processes (concurrency 8 each) | msgs/s | ledger commits/s |",
+        "|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {count} | {p['msgs_per_s']:,.0f} | {p['commits_per_s']:,.0f} |"
+        for count, p in processes.items()
+    ]
+    return "\n".join(lines)
+
+
+def other_table(results: Mapping[str, Any]) -> str:
+    lines = ["| ledger rows | due-scan (ms, median) |", "|---:|---:|"]
     lines += [f"| {int(rows):,} | {ms:.2f} |" for rows, ms in results["due_scan_ms"].items()]
     lines.append("")
     lines.append(f"Worker peak RSS: {results['rss_mb']:.1f} MB.")
     return "\n".join(lines)
 
 
+def tables(results: Mapping[str, Any]) -> list[str]:
+    return [
+        ratio_table(results["ratios"], results["ratio_spread"]),
+        latency_table(results["latency"]),
+        retry_table(results["retry_delay"]),
+        processes_table(results["processes"]),
+        other_table(results),
+        targets_table(results["targets"]),
+    ]
+
+
 def console(results: Mapping[str, Any]) -> str:
-    return "\n\n".join(
-        [
-            throughput_table(results["throughput"]),
-            ratio_table(results["ratios"]),
-            other_table(results),
-            targets_table(results["targets"]),
-        ]
-    )
+    return "\n\n".join([throughput_table(results["throughput"]), *tables(results)])
 
 
 START = "<!-- results:start -->"
@@ -86,7 +126,7 @@ def results_section(results: Mapping[str, Any]) -> str:
         [
             START,
             f"Run of {results['date']}: {results['messages']:,} messages a run, median of "
-            f"{results['repeats']} runs, {results['seconds']} s in all. Machine: {m['cpu']}, "
+            f"{results['repeats']} rounds, {results['seconds']} s in all. Machine: {m['cpu']}, "
             f"{m['cores']} cores, {m['system']}; Python {m['python']}, RabbitMQ "
             f"{m['rabbitmq']}, PostgreSQL {m['postgres']}; due-scan statement: "
             f"{results['due_scan_statement']}.",
@@ -97,11 +137,7 @@ def results_section(results: Mapping[str, Any]) -> str:
             "",
             "![throughput](../bench/results/throughput.png)",
             "",
-            ratio_table(results["ratios"]),
-            "",
-            other_table(results),
-            "",
-            targets_table(results["targets"]),
+            "\n\n".join(tables(results)),
             END,
         ]
     )

@@ -1,13 +1,17 @@
-"""How close retries come to their scheduled time, from the ledger's attempt rows.
+"""How close retries come to their due time, from the ledger's attempt rows.
 
-Each message fails its first attempt with ``Retry(delay=d)``, ``d`` drawn between 1 and 8 s,
-and succeeds on the second. The error of one retry is the second attempt's ``started_at``
-minus the first attempt's ``retry_at`` (both database time).
+Each message fails its first attempt with ``Retry(delay=d)``, ``d`` drawn log-uniformly
+between 0.1 s and a few minutes, and succeeds on the second. A retry's lateness is the
+second attempt's ``started_at`` minus the first attempt's ``retry_at`` (both database time).
+A copy that reaches the worker before it is due is parked again by the ledger's not-due check,
+so it can never start early; the worker counts those passes (``parked``).
 """
 
 from __future__ import annotations
 
+import math
 import random
+from dataclasses import dataclass
 
 import aio_pika
 import asyncpg
@@ -17,11 +21,11 @@ from bench.services import AMQP_URL, body, delete_queues, prefill, random_name, 
 from bench.throughput import noop_consumer
 from rabbitretry.delivery.worker import topology_of
 
-MIN_DELAY, MAX_DELAY = 1.0, 8.0
+MIN_DELAY = 0.1
 SEED = 6
 
-ERRORS = """
-SELECT extract(epoch FROM second.started_at - first.retry_at)::float8 AS error,
+LATENESS = """
+SELECT extract(epoch FROM second.started_at - first.retry_at)::float8 AS lateness,
        extract(epoch FROM first.retry_at - first.finished_at)::float8 AS scheduled
 FROM rabbitretry.attempt first
 JOIN rabbitretry.attempt second
@@ -31,9 +35,21 @@ WHERE first.queue = $1 AND first.attempt = 1 AND first.outcome = 'retry'
 """
 
 
-async def run_retry_delays(database_url: str, count: int) -> list[tuple[float, float]]:
-    """(error, scheduled delay) in seconds for ``count`` retries."""
-    rng = random.Random(SEED)
+@dataclass
+class RetryTiming:
+    lateness_s: list[float]
+    scheduled_s: list[float]
+    parked: int  # copies that reached a worker before they were due
+
+
+def sample_delays(count: int, max_delay: float, seed: int = SEED) -> list[float]:
+    """``count`` delays, log-uniform over ``MIN_DELAY .. max_delay``, to the millisecond."""
+    rng = random.Random(seed)
+    low, high = math.log(MIN_DELAY), math.log(max_delay)
+    return [round(math.exp(rng.uniform(low, high)), 3) for _ in range(count)]
+
+
+async def run_retry_delays(database_url: str, count: int, max_delay: float) -> RetryTiming:
     queue = random_name("retry")
     topology = topology_of([noop_consumer(queue)])
     connection = await aio_pika.connect(AMQP_URL)
@@ -42,8 +58,8 @@ async def run_retry_delays(database_url: str, count: int) -> list[tuple[float, f
     try:
         async with worker_process(queue, database_url, 8, "retry") as process:
             messages = [
-                (f"{queue}:{i}", body(i, delay=round(rng.uniform(MIN_DELAY, MAX_DELAY), 3)))
-                for i in range(count)
+                (f"{queue}:{i}", body(i, delay=delay))
+                for i, delay in enumerate(sample_delays(count, max_delay))
             ]
             await prefill(connection, queue, messages)
 
@@ -55,11 +71,15 @@ async def run_retry_delays(database_url: str, count: int) -> list[tuple[float, f
                 )
                 return bool(done >= count)
 
-            await wait_until(all_succeeded, timeout=120, interval=0.2)
-            await report_of(process)
-        rows = await pool.fetch(ERRORS, queue)
-        return [(row["error"], row["scheduled"]) for row in rows]
+            await wait_until(all_succeeded, timeout=max_delay + 120, interval=0.2)
+            report = await report_of(process)
+        rows = await pool.fetch(LATENESS, queue)
+        return RetryTiming(
+            [row["lateness"] for row in rows], [row["scheduled"] for row in rows], report.parked
+        )
     finally:
         await pool.close()
-        await delete_queues(connection, [q.name for q in topology.queue_declarations()])
+        await delete_queues(
+            connection, [q.name for q in topology.queue_declarations() if not q.shared]
+        )
         await connection.close()

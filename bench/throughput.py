@@ -191,7 +191,9 @@ async def run_rabbitretry(database_url: str, concurrency: int, messages: int, wa
             await pool.close()
         return messages / (ended - clock.started)
     finally:
-        await delete_queues(connection, [q.name for q in topology.queue_declarations()])
+        await delete_queues(
+            connection, [q.name for q in topology.queue_declarations() if not q.shared]
+        )
         await connection.close()
 
 

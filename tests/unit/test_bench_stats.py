@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from bench import report, stats
@@ -52,46 +54,71 @@ def test_ratios_compare_c_at_the_same_concurrency() -> None:
     assert found["best C/D(1x8)"] == pytest.approx(5000 / 8000)
 
 
+RUNS = {
+    "A": {"1": [3000.0, 2800.0, 3100.0], "32": [9000.0, 8000.0, 9500.0]},
+    "B": {"1": [500.0, 400.0, 600.0], "32": [2000.0, 2000.0, 2000.0]},
+    "C": {"1": [600.0, 500.0, 540.0], "32": [5000.0, 3600.0, 4750.0]},
+}
+
+
+def test_paired_ratios_come_from_each_round_with_their_spread() -> None:
+    found = stats.paired_ratios(RUNS)
+    c1b1 = found["C(1)/B(1)"]
+    assert c1b1["per_repeat"] == pytest.approx([1.2, 1.25, 0.9])
+    assert (c1b1["min"], c1b1["median"], c1b1["max"]) == pytest.approx((0.9, 1.2, 1.25))
+    assert found["C(32)/A(32)"]["median"] == pytest.approx(0.5)
+    assert "C(8)/A(8)" not in found  # not measured
+
+
+def summary_ms(p99: float) -> dict[str, float]:
+    return {"count": 100, "p50_ms": 1.0, "p95_ms": 2.0, "p99_ms": p99, "max_ms": p99 + 1}
+
+
+RETRY = stats.lateness_summary([0.02, 0.03, 0.05, 0.04], parked=0)
+MEASURED = stats.Measured(
+    ratios=stats.ratios(RATES),
+    latency={"A": summary_ms(5.0), "B": summary_ms(10.0), "C": summary_ms(30.0)},
+    retry=RETRY,
+    scan_1m_ms=3.0,
+    rss_mb=60.0,
+)
+
+
 def test_targets_met_and_missed() -> None:
-    found = {
-        t.name: t
-        for t in stats.targets(
-            RATES,
-            latency_p99_ms=30.0,
-            retry_error_p99_s=0.8,
-            retry_allowance_s=1.0,
-            scan_1m_ms=3.0,
-            rss_mb=60.0,
-        )
-    }
+    found = {t.name: t for t in stats.targets(MEASURED)}
     assert found["C(1) / B(1)"].met
     assert found["C(32) / A(32)"].met
     assert found["best C / D(1x8)"].met
-    assert not found["p99 latency at half load"].met
-    assert found["retry-delay error p99"].met
+    assert not found["C p99 latency at half of C's peak"].met
+    assert not found["C p99 / B p99 at the same rate"].met  # 3.0 against 1.5
+    assert found["retry lateness p99"].met
+    assert found["retry copies early at a worker"].met
     assert found["due-scan at 1M rows"].met
     assert found["worker peak RSS"].met
-    assert found["p99 latency at half load"].as_dict()["met"] is False
+    assert found["C p99 latency at half of C's peak"].as_dict()["met"] is False
 
 
-def test_retry_allowance_is_one_second_or_five_percent() -> None:
-    assert stats.retry_allowance([1.0, 8.0]) == 1.0
-    assert stats.retry_allowance([40.0]) == 2.0
+def test_lateness_counts_early_copies_and_early_starts() -> None:
+    found = stats.lateness_summary([-0.01, 0.02, 0.5], parked=3)
+    assert found["early_count"] == 3
+    assert found["started_early"] == 1
+    assert found["lateness_max_s"] == 0.5
+    assert found["lateness_min_s"] == -0.01
+    early = {
+        t.name: t for t in stats.targets(stats.Measured(**{**MEASURED.__dict__, "retry": found}))
+    }
+    assert not early["retry copies early at a worker"].met
+    assert not early["retries started early"].met
 
 
-def test_report_tables_show_every_variant_and_missed_targets() -> None:
-    table = report.throughput_table(RATES)
-    assert "| C rabbitretry | 600 | 4,000 | 5,000 |  |  |" in table
-    assert "8,000" in table
-    targets = [t.as_dict() for t in stats.targets(RATES, 30.0, 0.8, 1.0, None, 60.0)]
-    text = report.targets_table(targets)
-    assert "| p99 latency at half load | 30.00 ms | ≤ 25.00 ms | **no** |" in text
-    assert "due-scan" not in text
+def test_latency_summary_names_milliseconds() -> None:
+    found = stats.latency_summary([1.0, 2.0, 3.0])
+    assert set(found) == {"count", "p50_ms", "p95_ms", "p99_ms", "max_ms"}
 
 
-def test_the_generated_section_of_the_document_is_replaced_and_the_rest_kept() -> None:
-    targets = [t.as_dict() for t in stats.targets(RATES, 30.0, 0.8, 1.0, 3.0, 60.0)]
-    results = {
+def results() -> dict[str, Any]:
+    latency = {v: summary_ms(p) for v, p in (("A", 5.0), ("B", 10.0), ("C", 30.0))}
+    return {
         "date": "2026-01-01T00:00:00+00:00",
         "messages": 3000,
         "repeats": 3,
@@ -107,18 +134,40 @@ def test_the_generated_section_of_the_document_is_replaced_and_the_rest_kept() -
         "due_scan_statement": "reconcile_overdue_retries",
         "throughput": RATES,
         "ratios": stats.ratios(RATES),
-        "latency": {"rate": 100.0, "p50": 1.0, "p95": 2.0, "p99": 30.0, "max": 40.0},
-        "retry_delay": {"count": 10, "p50": 0.1, "p95": 0.5, "p99": 0.8, "max": 0.9},
+        "ratio_spread": stats.paired_ratios(RUNS),
+        "latency": {
+            "quarter": {"rate": 50.0, **latency},
+            "half": {"rate": 100.0, **latency},
+            **latency,
+        },
+        "processes": {"1": {"msgs_per_s": 900.0, "commits_per_s": 400.0}},
+        "retry_delay": {**RETRY, "min_delay_s": 0.1, "max_delay_s": 60.0},
         "due_scan_ms": {"10000": 0.5, "1000000": 3.0},
         "rss_mb": 60.0,
-        "targets": targets,
+        "targets": [t.as_dict() for t in stats.targets(MEASURED)],
     }
+
+
+def test_report_tables_show_every_variant_spreads_and_missed_targets() -> None:
+    table = report.throughput_table(RATES)
+    assert "| C rabbitretry | 600 | 4,000 | 5,000 |  |  |" in table
+    assert "8,000" in table
+    text = report.console(results())
+    assert "| C(1)/B(1) | 1.20 | 0.90 to 1.25 |" in text
+    assert "| C p99 latency at half of C's peak | 30.00 ms | ≤ 15.00 ms | **no** |" in text
+    assert "| retry copies early at a worker | 0 | ≤ 0 | yes |" in text
+    assert "| C rabbitretry | 100 msgs/s | 1.0 | 2.0 | 30.0 | 31.0 |" in text
+    assert "| 4 (0.1 s to 60 s) | 35 ms |" in text
+    assert "| 1 | 900 | 400 |" in text
+
+
+def test_the_generated_section_of_the_document_is_replaced_and_the_rest_kept() -> None:
     document = f"# Benchmarks\n\nintro\n\n{report.START}\nold figures\n{report.END}\n\nwhy\n"
-    updated = report.with_results(document, results)
+    updated = report.with_results(document, results())
     assert updated.startswith("# Benchmarks\n\nintro\n\n")
     assert updated.endswith("\n\nwhy\n")
     assert "old figures" not in updated
     assert "| C rabbitretry | 600 | 4,000 | 5,000 |  |  |" in updated
     assert "| 1,000,000 | 3.00 |" in updated
-    appended = report.with_results("# Benchmarks\n", results)
+    appended = report.with_results("# Benchmarks\n", results())
     assert appended.count(report.START) == 1 and appended.startswith("# Benchmarks\n\n")
