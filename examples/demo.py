@@ -118,7 +118,7 @@ async def main() -> None:
         console.print(f"1. ledger migrated ({', '.join(applied) or 'already up to date'})")
         await declare(connection, topology_of([AwardPoints]))
         console.print(
-            f"2. topology declared: exchange orders -> {QUEUE}, {QUEUE}.dead, delay ladder"
+            f"2. topology declared: exchange orders -> {QUEUE}, {QUEUE}.dead, the delay chain"
         )
 
         messages = batch(run)
