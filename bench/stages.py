@@ -88,7 +88,10 @@ class StageClock:
 
 def instrument(clock: StageClock) -> None:
     """Wrap the pipeline's stages (this process only: a benchmark, never the library)."""
-    AttemptLedger.claim = clock.timed("claim", AttemptLedger.claim)  # type: ignore[method-assign]
+    sent = AttemptLedger.claim_sent
+    AttemptLedger.claim_sent = clock.timed(  # type: ignore[method-assign,assignment]
+        "claim", lambda ledger, request: sent(ledger, request)
+    )
     AttemptLedger.succeed = clock.timed("success", AttemptLedger.succeed)  # type: ignore[method-assign]
     pipeline.run_attempt = clock.timed("attempt", pipeline.run_attempt)
     pipeline._settle = clock.timed("ack", pipeline._settle)

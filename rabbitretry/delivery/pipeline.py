@@ -213,7 +213,7 @@ class Pipeline:
 
     async def _claim(self, request: ClaimRequest) -> Claim:
         """The claim; a shutdown that arrives meanwhile gives back a claim that landed."""
-        claiming = asyncio.ensure_future(self.ledger.claim(request))
+        claiming = self.ledger.claim_sent(request)
         try:
             return await asyncio.shield(claiming)
         except asyncio.CancelledError:

@@ -34,7 +34,12 @@ class AttemptLedger:
         self._commits = commits_for(pool)
 
     async def claim(self, request: ClaimRequest) -> Claim:
-        return await self._commits.claims.submit(request)
+        return await self.claim_sent(request)
+
+    def claim_sent(self, request: ClaimRequest) -> asyncio.Future[Claim]:
+        """The claim, sent with the next group: its future, which a caller's cancellation
+        does not cancel (the claim may still commit, and must then be given back)."""
+        return self._commits.claims.enqueue(request)
 
     async def renew_lease(self, key: Key, attempt: int, lease_seconds: float) -> bool:
         return await statements.renew_lease(self.pool, key, attempt, lease_seconds)

@@ -64,6 +64,10 @@ class CommitGroup(Generic[Request, Result]):
 
     async def submit(self, request: Request) -> Result:
         """Write ``request`` with the next group; returns once that group has committed."""
+        return await self.enqueue(request)
+
+    def enqueue(self, request: Request) -> asyncio.Future[Result]:
+        """Queue ``request`` for the next group: the future of its result, set on commit."""
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._waiting.append((request, future))
         self._arrived.set()
@@ -71,7 +75,7 @@ class CommitGroup(Generic[Request, Result]):
             writer = asyncio.create_task(self._write_all())
             self._writers.add(writer)
             writer.add_done_callback(self._writers.discard)
-        return await future
+        return future
 
     async def _write_all(self) -> None:
         group: list[tuple[Request, asyncio.Future[Result]]] = []
