@@ -31,16 +31,15 @@ class WorkerReport:
     parked: int = 0
 
 
-@contextlib.asynccontextmanager
-async def worker_process(
+async def start_worker(
     queue: str,
     database_url: str,
     concurrency: int,
     mode: str,
     variant: str = "C",
     expect: int | None = None,
-) -> AsyncIterator[asyncio.subprocess.Process]:
-    """Start a consumer process, wait for it to consume; SIGTERM it at the end."""
+) -> asyncio.subprocess.Process:
+    """A consumer process, once it consumes (it said ``ready``)."""
     more = ["--expect", str(expect)] if expect is not None else []
     process = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -57,11 +56,30 @@ async def worker_process(
         *more,
         stdout=asyncio.subprocess.PIPE,
     )
+    assert process.stdout is not None
     try:
-        assert process.stdout is not None
         line = await asyncio.wait_for(process.stdout.readline(), STARTUP_TIMEOUT)
-        if line.strip() != b"ready":
-            raise RuntimeError(f"the benchmark worker did not start (said {line!r})")
+    except BaseException:
+        process.terminate()
+        raise
+    if line.strip() != b"ready":
+        process.terminate()
+        raise RuntimeError(f"the benchmark worker did not start (said {line!r})")
+    return process
+
+
+@contextlib.asynccontextmanager
+async def worker_process(
+    queue: str,
+    database_url: str,
+    concurrency: int,
+    mode: str,
+    variant: str = "C",
+    expect: int | None = None,
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """A consumer process while the block runs; SIGTERMed at the end if still running."""
+    process = await start_worker(queue, database_url, concurrency, mode, variant, expect)
+    try:
         yield process
     finally:
         if process.returncode is None:

@@ -1,10 +1,11 @@
 """Throughput with several rabbitretry worker processes on one queue and one ledger.
 
 Each process is a real ``Worker`` at concurrency 8 (:mod:`bench.worker_proc`); they share a
-prefilled queue and the scratch database. The rate counts the messages the ledger marks
-succeeded after the warm-up; the commit rate is PostgreSQL's own count of committed
-transactions in that database over the same window (less this module's polling), so the
-report shows how the rate grows with processes and where the database stops it.
+prefilled queue and the scratch database, and start together. The rate counts the messages
+the ledger marks succeeded from the moment the last process consumes to the end; the commit
+rate is PostgreSQL's own count of committed transactions in that database over the same window
+(less this module's polling), so the report shows how the rate grows with processes and where
+the database stops it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 
-from bench.latency import worker_process
+from bench.latency import start_worker
 from bench.services import AMQP_URL, delete_queues, prefill, random_name
 from bench.throughput import _bodies, noop_consumer
 from rabbitretry import amqp
@@ -36,30 +37,31 @@ async def run_processes(
 ) -> dict[str, float]:
     queue = random_name(f"procs{processes}")
     topology = topology_of([noop_consumer(queue)])
+    total = warmup + messages
     connection = await amqp.connect(AMQP_URL, name="rabbitretry-bench")
     conn = await asyncpg.connect(database_url)
     try:
         await declare(connection, topology)
-        await prefill(connection, queue, _bodies(queue, warmup + messages))
+        await prefill(connection, queue, _bodies(queue, total))
         async with _workers(queue, database_url, processes):
+            started = time.monotonic()
+            done_before = await conn.fetchval(SUCCEEDED, queue)
+            commits_before = await conn.fetchval(COMMITS)
+            if done_before > total - messages // 2:
+                raise RuntimeError("the workers took too long to start: measure more messages")
             polls = 0
-
-            async def reached(count: int) -> tuple[float, int]:
-                nonlocal polls
-                deadline = time.monotonic() + TIMEOUT
-                while time.monotonic() < deadline:
-                    polls += 2
-                    if await conn.fetchval(SUCCEEDED, queue) >= count:
-                        return time.monotonic(), await conn.fetchval(COMMITS)
-                    await asyncio.sleep(POLL)
-                raise TimeoutError(f"{processes} workers did not finish within {TIMEOUT:.0f} s")
-
-            started, commits_before = await reached(warmup)
-            polls_before = polls
-            ended, commits_after = await reached(warmup + messages)
-        elapsed = ended - started
-        commits = commits_after - commits_before - (polls - polls_before)
-        return {"msgs_per_s": messages / elapsed, "commits_per_s": commits / elapsed}
+            deadline = started + TIMEOUT
+            while await conn.fetchval(SUCCEEDED, queue) < total:
+                polls += 1
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{processes} workers did not finish in {TIMEOUT:.0f} s")
+                await asyncio.sleep(POLL)
+            elapsed = time.monotonic() - started
+            commits = await conn.fetchval(COMMITS) - commits_before - polls - 1
+        return {
+            "msgs_per_s": (total - done_before) / elapsed,
+            "commits_per_s": commits / elapsed,
+        }
     finally:
         await conn.close()
         await delete_queues(
@@ -70,9 +72,19 @@ async def run_processes(
 
 @contextlib.asynccontextmanager
 async def _workers(queue: str, database_url: str, count: int) -> AsyncIterator[None]:
-    async with contextlib.AsyncExitStack() as stack:
-        for _ in range(count):
-            await stack.enter_async_context(
-                worker_process(queue, database_url, CONCURRENCY, "latency")
-            )
+    """``count`` worker processes, started together and all consuming; stopped afterwards."""
+    started = await asyncio.gather(
+        *(start_worker(queue, database_url, CONCURRENCY, "latency") for _ in range(count)),
+        return_exceptions=True,
+    )
+    processes = [p for p in started if isinstance(p, asyncio.subprocess.Process)]
+    try:
+        for outcome in started:
+            if isinstance(outcome, BaseException):
+                raise outcome
         yield
+    finally:
+        for process in processes:
+            if process.returncode is None:
+                process.terminate()
+        await asyncio.gather(*(p.wait() for p in processes))

@@ -1,14 +1,16 @@
 """How close retries come to their due time, from the ledger's attempt rows.
 
-Each message fails its first attempt with ``Retry(delay=d)``, ``d`` drawn log-uniformly
-between 0.1 s and a few minutes, and succeeds on the second. A retry's lateness is the
-second attempt's ``started_at`` minus the first attempt's ``retry_at`` (both database time).
-A copy that reaches the worker before it is due is parked again by the ledger's not-due check,
-so it can never start early; the worker counts those passes (``parked``).
+Messages arrive at a steady ``RATE``; each fails its first attempt with ``Retry(delay=d)``,
+``d`` drawn log-uniformly between 0.1 s and a few minutes, and succeeds on the second. A
+retry's lateness is the second attempt's ``started_at`` minus the first attempt's
+``retry_at`` (both database time). A copy that reaches the worker before it is due is parked
+again by the ledger's not-due check, so it can never start early; the worker counts those
+passes (``parked``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 from dataclasses import dataclass
@@ -17,12 +19,14 @@ import aio_pika
 import asyncpg
 
 from bench.latency import report_of, worker_process
-from bench.services import AMQP_URL, body, delete_queues, prefill, random_name, wait_until
+from bench.services import AMQP_URL, body, delete_queues, random_name, wait_until
 from bench.throughput import noop_consumer
 from rabbitretry.delivery.worker import topology_of
 
 MIN_DELAY = 0.1
 SEED = 6
+RATE = 40.0  # first attempts per second: the queue never backs up, so a copy that comes back
+# is not queued behind first attempts (that wait is the queue's, not the delay's)
 
 LATENESS = """
 SELECT extract(epoch FROM second.started_at - first.retry_at)::float8 AS lateness,
@@ -61,7 +65,14 @@ async def run_retry_delays(database_url: str, count: int, max_delay: float) -> R
                 (f"{queue}:{i}", body(i, delay=delay))
                 for i, delay in enumerate(sample_delays(count, max_delay))
             ]
-            await prefill(connection, queue, messages)
+            channel = await connection.channel(publisher_confirms=True)
+            for message_id, raw in messages:
+                message = aio_pika.Message(
+                    raw, message_id=message_id, delivery_mode=aio_pika.DeliveryMode.PERSISTENT
+                )
+                await channel.default_exchange.publish(message, routing_key=queue)
+                await asyncio.sleep(1 / RATE)
+            await channel.close()
 
             async def all_succeeded() -> bool:
                 done = await pool.fetchval(
@@ -71,7 +82,7 @@ async def run_retry_delays(database_url: str, count: int, max_delay: float) -> R
                 )
                 return bool(done >= count)
 
-            await wait_until(all_succeeded, timeout=max_delay + 120, interval=0.2)
+            await wait_until(all_succeeded, timeout=max_delay + 300, interval=0.2)
             report = await report_of(process)
         rows = await pool.fetch(LATENESS, queue)
         return RetryTiming(
