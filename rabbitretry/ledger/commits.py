@@ -116,8 +116,10 @@ class CommitGroup(Generic[Request, Result]):
             self._arrived.clear()
             self._idle += 1
             try:
+                # asyncio.timeout, not wait_for: no task of its own for every wait.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._arrived.wait(), remaining)
+                    async with asyncio.timeout(remaining):
+                        await self._arrived.wait()
             finally:
                 self._idle -= 1
         return True
