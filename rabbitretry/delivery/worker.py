@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -183,6 +184,10 @@ class Worker:
                         await self._start_slot(instance, pool, consume_conn, publish_conn, slot)
                     )
             self.started = True
+            # What exists now (modules, connections, consumers) lives as long as the worker:
+            # out of the collector's sight, a full collection no longer walks it, which took
+            # tens of milliseconds in the middle of deliveries.
+            gc.freeze()
             log.info(
                 "worker %s consuming %s with concurrency %d",
                 self.name,
