@@ -51,3 +51,9 @@ def decide(kind: CallbackKind, headers: Mapping[str, str], body: bytes, now: flo
         return Accepted(kind.key_of(event))
     except (ValidationError, ValueError) as error:
         return Invalid(invalid_key(kind.name, body), reasons(error))
+    except Exception as error:
+        # The kind's message_id function failed on this event (a field it expects is None...):
+        # keeping the request as a dead letter loses nothing, where a 500 would leave it to
+        # the gateway's patience.
+        why = f"the message id could not be derived: {type(error).__name__}: {error}"
+        return Invalid(invalid_key(kind.name, body), [why])

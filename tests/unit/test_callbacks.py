@@ -183,3 +183,10 @@ def test_settle_turns_a_change_into_the_messages_outcome() -> None:
     with pytest.raises(Retry) as retry:
         change("not-yet-possible").settle()
     assert retry.value.delay == 2.0
+
+
+def test_a_message_id_function_that_fails_makes_the_body_invalid_not_a_crash() -> None:
+    kind = CallbackKind(name="k", model=Event, queue="q", message_id=lambda e: e.missing)
+    verdict = decide(kind, {}, BODY, NOW)
+    assert isinstance(verdict, Invalid)
+    assert verdict.reasons[0].startswith("the message id could not be derived: AttributeError")
