@@ -6,6 +6,9 @@ transaction, and a fraction of them (``--duplicates``) a second time, as gateway
 reports callbacks stored per second (200 "stored", committed before the answer) and the
 response times of every request, then checks that the outbox holds one row per stored
 callback and none for a duplicate.
+
+For scale, it also runs the receiver's store statement alone, from as many connections as
+there are clients: the rate the database allows, without HTTP.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pydantic import BaseModel
 
 from bench.services import scratch_database
 from bench.stats import summary
+from rabbitretry import db
 from rabbitretry.callbacks import CallbackKind, HmacSignature
 
 SECRET = "bench-secret"
@@ -154,6 +158,33 @@ async def _until_listening(port: int, process: asyncio.subprocess.Process) -> No
     raise RuntimeError("the receiver did not listen within 30 s")
 
 
+async def store_only(database_url: str, payloads: list[bytes], clients: int) -> float:
+    """Stores per second of the receiver's statement alone (``clients`` connections)."""
+    pool = await db.create_pool(database_url, min_size=clients, max_size=clients)
+    pending = list(enumerate(payloads))
+    headers = json.dumps({"rabbitretry-callback": "payment"})
+
+    async def connection() -> None:
+        while pending:
+            n, body = pending.pop()
+            await pool.fetchval(
+                db.query("callback_store"),
+                "store-only",
+                f"k{n}",
+                "bench.callbacks",
+                body,
+                headers,
+                "application/json",
+            )
+
+    try:
+        started = time.perf_counter()
+        await asyncio.gather(*(connection() for _ in range(clients)))
+        return len(payloads) / (time.perf_counter() - started)
+    finally:
+        await pool.close()
+
+
 async def run(count: int, clients: int, duplicates: float) -> dict[str, float]:
     payloads = bodies(count, duplicates)
     async with scratch_database() as database_url, serving(database_url) as url:
@@ -171,9 +202,14 @@ async def run(count: int, clients: int, duplicates: float) -> dict[str, float]:
             rows = await conn.fetchval("SELECT count(*) FROM rabbitretry.outbox")
         finally:
             await conn.close()
-    if rows != result["stored"] or result["stored"] != count:
-        raise RuntimeError(f"{count} callbacks, {result['stored']} answered stored, {rows} rows")
-    return result | {"clients": clients, "outbox_rows": rows}
+        if rows != result["stored"] or result["stored"] != count:
+            raise RuntimeError(f"{count} callbacks, {result['stored']} stored, {rows} rows")
+        statement_rate = await store_only(database_url, payloads[:count], clients)
+    return result | {
+        "clients": clients,
+        "outbox_rows": rows,
+        "statement_alone_per_second": statement_rate,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -190,7 +226,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{result['stored_per_second']:.0f} callbacks/s stored "
         f"({result['requests_per_second']:.0f} requests/s with duplicates), "
         f"p50 {result['p50_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms, "
-        f"{result['errors']:.0f} errors, {args.clients} clients"
+        f"{result['errors']:.0f} errors, {args.clients} clients; the store statement alone: "
+        f"{result['statement_alone_per_second']:.0f}/s"
     )
 
 
