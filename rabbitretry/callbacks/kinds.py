@@ -6,7 +6,7 @@
         name="payment",                      # POST /payment
         model=GatewayEvent,                  # what a valid body is
         consumer=SettlePayment,              # whose queue the event goes to
-        message_id=lambda e: f"payment-{e.transaction_id}-{e.event}",
+        message_id=lambda e: f"payment-{e.transaction_id}-{e.type}",
         signature=HmacSignature(secret=os.environ["GATEWAY_SECRET"]),
     )
 

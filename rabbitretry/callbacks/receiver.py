@@ -17,7 +17,7 @@ what to do next:
 ======  ===============================================================================
 
 Mount it in your own app (``Mount("/callbacks", app=receiver)``) or serve it with
-``rabbitretry callbacks serve MODULE:RECEIVER``.
+``rabbitretry callbacks serve MODULE:NAME``.
 """
 
 from __future__ import annotations

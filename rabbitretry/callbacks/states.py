@@ -96,10 +96,10 @@ def reachable(transitions: Mapping[str, Set[str]], start: str) -> set[str]:
     return seen
 
 
-def quote_identifier(name: str) -> str:
-    """``schema.table`` or ``column`` as a quoted SQL identifier (each part quoted)."""
+def quote_identifier(name: str, *, max_parts: int = 2) -> str:
+    """``schema.table`` (or a ``column``: ``max_parts=1``) as a quoted SQL identifier."""
     parts = name.split(".")
-    if not all(parts) or len(parts) > 2:
+    if not all(parts) or len(parts) > max_parts:
         raise ConfigurationError(f"{name!r} is not a table or column name")
     return ".".join('"' + part.replace('"', '""') + '"' for part in parts)
 
@@ -134,8 +134,8 @@ class StateMachine:
         states = frozenset(frozen) | frozenset().union(*frozen.values())
         object.__setattr__(self, "states", states)
         table = quote_identifier(self.table)
-        key = quote_identifier(self.key_column)
-        state = quote_identifier(self.state_column)
+        key = quote_identifier(self.key_column, max_parts=1)
+        state = quote_identifier(self.state_column, max_parts=1)
         # The row lock of FOR UPDATE makes a racing second move wait, then re-check the
         # state against the committed first move: only one of them can match.
         object.__setattr__(

@@ -10,7 +10,14 @@ import pytest
 from pydantic import BaseModel
 
 from rabbitretry import Permanent, Retry
-from rabbitretry.callbacks import CallbackKind, Change, HmacSignature, StateMachine, sign
+from rabbitretry.callbacks import (
+    CallbackKind,
+    CallbackReceiver,
+    Change,
+    HmacSignature,
+    StateMachine,
+    sign,
+)
 from rabbitretry.callbacks.decision import Accepted, Invalid, Unauthorized, decide
 from rabbitretry.callbacks.states import decide as decide_move
 from rabbitretry.callbacks.states import quote_identifier, reachable
@@ -168,6 +175,8 @@ def test_identifiers_are_quoted() -> None:
     for bad in ("", "a..b", "a.b.c"):
         with pytest.raises(ConfigurationError):
             quote_identifier(bad)
+    with pytest.raises(ConfigurationError):
+        quote_identifier("orders.id", max_parts=1)  # a column is one name
 
 
 def change(kind: str, not_allowed: Literal["succeed", "dead"] = "succeed") -> Change:
@@ -190,3 +199,18 @@ def test_a_message_id_function_that_fails_makes_the_body_invalid_not_a_crash() -
     verdict = decide(kind, {}, BODY, NOW)
     assert isinstance(verdict, Invalid)
     assert verdict.reasons[0].startswith("the message id could not be derived: AttributeError")
+
+
+@pytest.mark.parametrize(
+    ("kinds", "options", "why"),
+    [
+        ([], {"database_url": "postgresql://127.0.0.1/x"}, "at least one CallbackKind"),
+        ([KIND, KIND], {"database_url": "postgresql://127.0.0.1/x"}, "two callback kinds"),
+        ([KIND], {}, "either a database_url or a pool"),
+    ],
+)
+def test_a_receiver_that_cannot_work_is_refused(
+    kinds: list[CallbackKind], options: dict[str, str], why: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=why):
+        CallbackReceiver(kinds, **options)  # type: ignore[arg-type]
