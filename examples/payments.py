@@ -3,9 +3,9 @@
 A fake gateway posts callbacks over HTTP to the receiver: a payment, a duplicate of it, a
 refund before its payment, a late second payment while the order is refunding, and one with a
 bad signature. The receiver stores each in the outbox; the relay publishes it; the consumer
-moves the order along the declared transitions only. Then the gateway's list of settled
-payments is reconciled against the ledger: a payment whose callback never came is found
-and re-driven.
+moves the order along the declared transitions only. Then the gateway's statement (every
+event it settled) is reconciled against the ledger: a payment whose callback never came is
+found and re-driven.
 """
 
 from __future__ import annotations
@@ -210,24 +210,7 @@ async def main() -> None:
 
         await print_histories(pool, orders)
 
-        console.print("\nreconciling the gateway's statement against the ledger:")
-        # The window covers this run only: earlier runs' events are not on this statement.
-        lookback = time.monotonic() - started + 1
-        statement = reconciliation(
-            queue=SettlePayment.queue, name="gateway-statement", lookback=lookback, settle=0
-        )(gateway_statement(gateway))
-        reconciler = Reconciler(
-            pool, config.amqp_url, consumers=[SettlePayment], reconciliations=[statement]
-        )
-        try:
-            (window,) = (await reconciler.run_once()).windows
-        finally:
-            await reconciler.close()
-        console.print(
-            f"  {window.expected} events on the statement, {window.succeeded} handled, "
-            f"{window.missing} missing ({', '.join(window.missing_keys)}): "
-            f"{window.republished} re-published; {window.orphaned} handled but not on it"
-        )
+        await reconcile_statement(pool, config.amqp_url, gateway, since=started)
         await wait_for_states(pool, {orders["E"]: "paid"})
         console.print(f"  order {orders['E']} is now paid")
         worker.stop()
@@ -237,6 +220,30 @@ async def main() -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
         await connection.close()
         await pool.close()
+
+
+async def reconcile_statement(
+    pool: db.Pool, amqp_url: str, gateway: FakeGateway, *, since: float
+) -> None:
+    """One reconciler pass with the gateway's statement as the consumer's expected set."""
+    console.print("\nreconciling the gateway's statement against the ledger:")
+    # The window covers this run only: earlier runs' events are not on this statement.
+    statement = reconciliation(
+        queue=SettlePayment.queue,
+        name="gateway-statement",
+        lookback=time.monotonic() - since + 1,
+        settle=0,
+    )(gateway_statement(gateway))
+    reconciler = Reconciler(pool, amqp_url, consumers=[SettlePayment], reconciliations=[statement])
+    try:
+        (window,) = (await reconciler.run_once()).windows
+    finally:
+        await reconciler.close()
+    console.print(
+        f"  {window.expected} events on the statement, {window.succeeded} handled, "
+        f"{window.missing} missing ({', '.join(window.missing_keys)}): "
+        f"{window.republished} re-published; {window.orphaned} handled but not on it"
+    )
 
 
 async def wait_until(check: Callable[[], Awaitable[bool]], timeout: float = 60) -> None:
