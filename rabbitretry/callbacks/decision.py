@@ -1,8 +1,8 @@
 """What the receiver does with one request, decided without I/O.
 
 The order of the checks matters: the size first (the receiver reads nothing past the limit),
-the sender next (an unsigned request stores nothing, not even a dead letter, so strangers cannot fill the
-dead letters), then the body and its key.
+the sender next (an unsigned request stores nothing, not even a dead letter, so strangers
+cannot fill the dead letters), then the body and its key.
 """
 
 from __future__ import annotations
