@@ -315,13 +315,16 @@ async def test_out_of_order_callbacks_end_in_the_right_state_end_to_end(
             change.settle()
 
     cleanup.append(Settle)
-    # The refund's callback overtakes the payment's; the payment's comes twice.
-    for body in (body_of("t1", "refunded"), body_of("t1", "paid"), body_of("t1", "paid")):
-        assert (await post(receiver, body)).status_code == 200
     async with (
         running_worker([Settle], amqp_url, database_url, concurrency=2),
         running_relay(pool, amqp_url),
     ):
+        # The refund's callback overtakes the payment's: it cannot apply yet, and waits.
+        assert (await post(receiver, body_of("t1", "refunded"))).status_code == 200
+        await wait_status(pool, queue_name, "pay-t1-refunded", "retrying")
+        # The payment's comes, twice.
+        for body in (body_of("t1", "paid"), body_of("t1", "paid")):
+            assert (await post(receiver, body)).status_code == 200
         await wait_status(pool, queue_name, "pay-t1-refunded", "succeeded")
     assert await pool.fetchval("SELECT state FROM cb_order WHERE id = 'o1'") == "refunded"
     async with pool.acquire() as conn:
@@ -330,7 +333,7 @@ async def test_out_of_order_callbacks_end_in_the_right_state_end_to_end(
         ("pending", "paid", "moved", "pay-t1-paid"),
         ("paid", "refunded", "moved", "pay-t1-refunded"),
     ]
-    # The refund waited for the payment through the delay ladder: at least one retry.
+    # The refund waited for the payment through the delay ladder.
     attempts = await pool.fetchval(
         "SELECT attempts FROM rabbitretry.ledger WHERE queue = $1 AND message_id = $2",
         queue_name,
