@@ -16,6 +16,8 @@ import asyncpg
 import httpx
 import pytest
 from pydantic import BaseModel
+from starlette.applications import Starlette
+from starlette.routing import Mount
 
 from rabbitretry import Consumer, Context, RetryPolicy
 from rabbitretry.callbacks import CallbackKind, CallbackReceiver, HmacSignature, StateMachine
@@ -78,9 +80,11 @@ def lowered(headers: dict[str, str]) -> dict[str, str]:
 @contextlib.asynccontextmanager
 async def client_for(receiver: CallbackReceiver) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=receiver)
-    async with httpx.AsyncClient(transport=transport, base_url=BASE) as http:
-        yield http
-    await receiver.close()
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url=BASE) as http:
+            yield http
+    finally:
+        await receiver.close()
 
 
 @pytest.fixture
@@ -224,6 +228,23 @@ async def test_unknown_routes_are_404_and_other_methods_405(receiver: httpx.Asyn
     assert (await receiver.post("/refund", content=body_of())).status_code == 404
     assert (await receiver.post("/payment/extra", content=body_of())).status_code == 404
     assert (await receiver.get("/payment")).status_code == 405
+
+
+async def test_mounted_in_an_app_it_opens_its_pool_on_the_first_request(
+    database_url: str, pool: asyncpg.Pool, queue_name: str
+) -> None:
+    receiver = CallbackReceiver([kind_for(queue_name)], database_url=database_url)
+    app = Starlette(routes=[Mount("/callbacks", app=receiver)])  # its lifespan never runs
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=BASE) as http:
+            body = body_of()
+            response = await http.post("/callbacks/payment", content=body, headers=signed(body))
+            assert (await http.post("/payment", content=body)).status_code == 404
+    finally:
+        await receiver.close()
+    assert response.status_code == 200, response.text
+    assert [r["message_id"] for r in await outbox_rows(pool)] == ["pay-t1-paid"]
 
 
 def closed_port() -> int:
