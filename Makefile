@@ -3,11 +3,13 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: help venv demo demo-shop test test-unit fuzz lint services clean drill bench bench-quick
+.PHONY: help venv demo demo-shop demo-payments test test-unit fuzz lint services clean drill bench bench-quick
 
 help:
 	@echo "make demo      run the demo against the local RabbitMQ and PostgreSQL (installs only the package)"
 	@echo "make demo-shop the outbox and exactly-once points"
+	@echo "make demo-payments"
+	@echo "               payment gateway callbacks: receiver, state machine, reconciliation"
 	@echo "make test      the whole test suite (unit, integration, acceptance, drills)"
 	@echo "make test-unit only the tests that need no services"
 	@echo "make fuzz      the generated hostile-input tier with thousands of cases (Hypothesis)"
@@ -37,6 +39,9 @@ demo: $(BIN)/rabbitretry services
 
 demo-shop: $(BIN)/rabbitretry services
 	$(BIN)/python -m examples.shop_demo
+
+demo-payments: $(BIN)/rabbitretry services
+	$(BIN)/python -m examples.payments
 
 test: venv services
 	$(BIN)/python -m pytest

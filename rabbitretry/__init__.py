@@ -3,6 +3,13 @@
 The broker carries messages; a Postgres ledger decides what happens to them.
 """
 
+from rabbitretry.callbacks import (
+    CallbackKind,
+    CallbackReceiver,
+    HmacSignature,
+    RecordNotFound,
+    StateMachine,
+)
 from rabbitretry.consumer import Consumer, Context
 from rabbitretry.delivery.transaction import TransactionRolledBack
 from rabbitretry.delivery.worker import Worker
@@ -28,12 +35,15 @@ from rabbitretry.topology.model import Binding, Exchange, Topology, WorkQueue
 
 __all__ = [
     "Binding",
+    "CallbackKind",
+    "CallbackReceiver",
     "ConfigurationError",
     "ConnectionLost",
     "Consumer",
     "Context",
     "Exchange",
     "Expected",
+    "HmacSignature",
     "MissingMessageId",
     "Outbox",
     "OutboxRelay",
@@ -43,9 +53,11 @@ __all__ = [
     "RabbitRetryError",
     "Reconciler",
     "Reconciliation",
+    "RecordNotFound",
     "Retry",
     "RetryPolicy",
     "ServiceUnavailable",
+    "StateMachine",
     "Topology",
     "TopologyError",
     "TransactionRolledBack",

@@ -17,6 +17,8 @@ raised, named in parentheses (the tests check that this tree lists every subclas
     │                                 an invalid payload (rabbitretry.operations)
     ├── UserError                     a command called the wrong way: one line, exit code 2
     │                                 (rabbitretry.cli.common)
+    ├── RecordNotFound                StateMachine.move() on a record its table does not hold
+    │                                 (rabbitretry.callbacks; rabbitretry exports it)
     └── PublishError                  the broker did not confirm a message
         ├── UnroutableError           the broker took it but no queue was bound to receive it
         └── ConnectionLost            the channel or connection failed before the confirm

@@ -1,4 +1,5 @@
-"""Retention: remove finished ledger rows, sent outbox rows and sent alerts older than a window.
+"""Retention: remove finished ledger rows, sent outbox rows, sent alerts and callback receipts
+older than a window.
 
 The ledger deduplicates by key only while it remembers the key: a duplicate that arrives after
 its row was pruned runs again. So the window must be longer than any redelivery, replay or
@@ -24,6 +25,7 @@ class Pruned:
     ledger: int
     outbox: int
     alerts: int
+    callback_receipts: int = 0
 
 
 def check_window(window: timedelta) -> None:
@@ -36,7 +38,12 @@ def check_window(window: timedelta) -> None:
 
 async def prunable(pool: Pool, before: datetime) -> Pruned:
     counts = {row["what"]: row["rows"] for row in await pool.fetch(query("prunable"), before)}
-    return Pruned(ledger=counts["ledger"], outbox=counts["outbox"], alerts=counts["alerts"])
+    return Pruned(
+        ledger=counts["ledger"],
+        outbox=counts["outbox"],
+        alerts=counts["alerts"],
+        callback_receipts=counts["callback_receipts"],
+    )
 
 
 async def prune(pool: Pool, before: datetime, *, batch: int = BATCH) -> Pruned:
@@ -45,6 +52,7 @@ async def prune(pool: Pool, before: datetime, *, batch: int = BATCH) -> Pruned:
         ledger=await _in_batches(pool, "prune_ledger", before, batch),
         outbox=await _in_batches(pool, "prune_outbox", before, batch),
         alerts=await _in_batches(pool, "prune_alerts", before, batch),
+        callback_receipts=await _in_batches(pool, "prune_callback_receipts", before, batch),
     )
 
 

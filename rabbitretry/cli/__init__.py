@@ -9,6 +9,7 @@ import typer
 from rabbitretry import __version__, logs
 from rabbitretry.cli import (
     alerts,
+    callbacks,
     console,
     dead,
     jobs,
@@ -85,6 +86,7 @@ app.add_typer(jobs.app, name="job")
 app.add_typer(alerts.app, name="alerts")
 app.command("status")(status.status)
 app.command("console")(console.console)
+app.add_typer(callbacks.app, name="callbacks")
 
 
 def main() -> None:

@@ -72,7 +72,8 @@ async def prune(
         bool, typer.Option("--dry-run", help="Count what would be removed; remove nothing.")
     ] = False,
 ) -> None:
-    """Remove finished messages (succeeded, skipped, ignored), sent outbox rows and sent alerts.
+    """Remove finished messages (succeeded, skipped, ignored), sent outbox rows, sent alerts and
+    callback receipts.
 
     Dead letters and messages in flight are never removed. A duplicate of a pruned message
     would run again, so keep the window longer than any redelivery or replay you expect.
@@ -89,15 +90,15 @@ async def prune(
             found = await retention.prunable(pool, before)
             out.print(
                 f"dry run: would remove {found.ledger} ledger row(s), {found.outbox} sent "
-                f"outbox row(s) and {found.alerts} sent alert(s) from before "
-                f"{before:%Y-%m-%d %H:%M %Z}"
+                f"outbox row(s), {found.alerts} sent alert(s) and {found.callback_receipts} "
+                f"callback receipt(s) from before {before:%Y-%m-%d %H:%M %Z}"
             )
             return
         pruned = await retention.prune(pool, before)
     finally:
         await pool.close()
     out.print(
-        f"removed {pruned.ledger} ledger row(s), {pruned.outbox} sent outbox row(s) and "
-        f"{pruned.alerts} sent alert(s) from before {before:%Y-%m-%d %H:%M %Z}; "
-        "dead letters are kept"
+        f"removed {pruned.ledger} ledger row(s), {pruned.outbox} sent outbox row(s), "
+        f"{pruned.alerts} sent alert(s) and {pruned.callback_receipts} callback receipt(s) "
+        f"from before {before:%Y-%m-%d %H:%M %Z}; dead letters are kept"
     )

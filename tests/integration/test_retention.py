@@ -82,3 +82,15 @@ def test_a_window_under_a_day_is_refused() -> None:
     with pytest.raises(ValueError, match="deduplicates only the keys it remembers"):
         retention.check_window(timedelta(hours=23))
     retention.check_window(DAY)
+
+
+async def test_prune_removes_old_callback_receipts(pool: asyncpg.Pool) -> None:
+    await pool.execute(
+        "INSERT INTO rabbitretry.callback_receipt (kind, message_id, received_at)"
+        " VALUES ('payment', 'old', now() - interval '40 days'), ('payment', 'new', now())"
+    )
+    before = datetime.now(UTC) - 30 * DAY
+    assert (await retention.prunable(pool, before)).callback_receipts == 1
+    assert (await retention.prune(pool, before, batch=1)).callback_receipts == 1
+    left = await pool.fetch("SELECT message_id FROM rabbitretry.callback_receipt")
+    assert [r["message_id"] for r in left] == ["new"]
