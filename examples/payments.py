@@ -84,7 +84,7 @@ class SettlePayment(Consumer[GatewayEvent]):
     async def handle(self, msg: GatewayEvent, ctx: Context) -> None:
         async with ctx.transaction() as conn:
             change = await ORDER.move(conn, msg.order_id, msg.type, message_id=ctx.message_id)
-        change.settle()  # not yet possible: retried through the delay ladder
+        change.settle()  # not yet possible: retried through the delay chain
 
 
 def payment_key(event: GatewayEvent) -> str:

@@ -354,7 +354,7 @@ async def test_out_of_order_callbacks_end_in_the_right_state_end_to_end(
         ("pending", "paid", "moved", "pay-t1-paid"),
         ("paid", "refunded", "moved", "pay-t1-refunded"),
     ]
-    # The refund waited for the payment through the delay ladder.
+    # The refund waited for the payment through the delay chain.
     attempts = await pool.fetchval(
         "SELECT attempts FROM rabbitretry.ledger WHERE queue = $1 AND message_id = $2",
         queue_name,
