@@ -2,7 +2,7 @@
 
 Writes ``bench/results/latest.json`` and ``bench/results/throughput.png``, the generated part of
 docs/benchmarks.md, and prints the tables. ``--quick`` is the short run (3,000 messages a
-variant, retries up to a minute).
+variant, retries up to a minute, 1,000 callbacks).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 import aio_pika
 import asyncpg
 
+from bench import callbacks as callback_receiver
 from bench import report, stats
 from bench.due_scan import run_due_scan, scan_statement
 from bench.latency import run_latency
@@ -110,7 +111,12 @@ async def latencies(database_url: str, peak: float, seconds: float) -> dict[str,
 
 
 async def main(
-    messages: int, repeats: int, retries: int, max_retry_delay: float, latency_seconds: float
+    messages: int,
+    repeats: int,
+    retries: int,
+    max_retry_delay: float,
+    latency_seconds: float,
+    callbacks: int,
 ) -> None:
     # SIGTERM stops the run like Ctrl-C: cleanup (scratch database, queues) still runs.
     this = asyncio.current_task()
@@ -147,6 +153,9 @@ async def main(
         scan = await run_due_scan(database_url)
         info = await machine(database_url)
 
+    print(f"callback receiver: {callbacks:,} callbacks, 16 clients", flush=True)
+    receiver = await callback_receiver.run(callbacks, 16, 0.1)
+
     rss = latency["half"]["rss_mb"]
     targets = stats.targets(stats.Measured(ratios, latency, retry, scan.get("1000000"), rss))
     results = {
@@ -164,6 +173,7 @@ async def main(
         "retry_delay": retry,
         "due_scan_ms": scan,
         "due_scan_statement": scan_statement()[1],
+        "callbacks": receiver,
         "targets": [t.as_dict() for t in targets],
         "seconds": round(time.monotonic() - started),
     }
@@ -194,5 +204,6 @@ if __name__ == "__main__":
             retries=200 if args.quick else 400,
             max_retry_delay=60.0 if args.quick else 180.0,
             latency_seconds=5.0 if args.quick else 15.0,
+            callbacks=1_000 if args.quick else 5_000,
         )
     )

@@ -92,6 +92,20 @@ def processes_table(processes: Mapping[str, Mapping[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def callbacks_table(receiver: Mapping[str, float]) -> str:
+    """The callback receiver: callbacks stored per second and response times."""
+    return "\n".join(
+        [
+            "| callbacks stored/s | p50 | p95 | p99 | max | errors | store statement alone/s |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+            f"| {receiver['stored_per_second']:,.0f} | {receiver['p50_ms']:.1f} ms "
+            f"| {receiver['p95_ms']:.1f} ms | {receiver['p99_ms']:.1f} ms "
+            f"| {receiver['max_ms']:.1f} ms | {receiver['errors']:.0f} "
+            f"| {receiver['statement_alone_per_second']:,.0f} |",
+        ]
+    )
+
+
 def other_table(results: Mapping[str, Any]) -> str:
     lines = ["| ledger rows | due-scan (ms, median) |", "|---:|---:|"]
     lines += [f"| {int(rows):,} | {ms:.2f} |" for rows, ms in results["due_scan_ms"].items()]
@@ -106,6 +120,7 @@ def tables(results: Mapping[str, Any]) -> list[str]:
         latency_table(results["latency"]),
         retry_table(results["retry_delay"]),
         processes_table(results["processes"]),
+        callbacks_table(results["callbacks"]),
         other_table(results),
         targets_table(results["targets"]),
     ]

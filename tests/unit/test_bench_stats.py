@@ -143,6 +143,15 @@ def results() -> dict[str, Any]:
         "processes": {"1": {"msgs_per_s": 900.0, "commits_per_s": 400.0}},
         "retry_delay": {**RETRY, "min_delay_s": 0.1, "max_delay_s": 60.0},
         "due_scan_ms": {"10000": 0.5, "1000000": 3.0},
+        "callbacks": {
+            "stored_per_second": 250.0,
+            "p50_ms": 30.0,
+            "p95_ms": 180.0,
+            "p99_ms": 300.0,
+            "max_ms": 600.0,
+            "errors": 0,
+            "statement_alone_per_second": 2263.0,
+        },
         "rss_mb": 60.0,
         "targets": [t.as_dict() for t in stats.targets(MEASURED)],
     }
@@ -159,6 +168,7 @@ def test_report_tables_show_every_variant_spreads_and_missed_targets() -> None:
     assert "| C rabbitretry | 100 msgs/s | 1.0 | 2.0 | 30.0 | 31.0 |" in text
     assert "| 4 (0.1 s to 60 s) | 35 ms |" in text
     assert "| 1 | 900 | 400 |" in text
+    assert "| 250 | 30.0 ms | 180.0 ms | 300.0 ms | 600.0 ms | 0 | 2,263 |" in text
 
 
 def test_the_generated_section_of_the_document_is_replaced_and_the_rest_kept() -> None:
