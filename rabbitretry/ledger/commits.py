@@ -23,7 +23,6 @@ never fails the others and the error each caller sees is its own.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -60,7 +59,7 @@ class CommitGroup(Generic[Request, Result]):
         self._max_writers = writers
         self._writers: set[asyncio.Task[None]] = set()
         self._idle = 0  # writers waiting for work on their connection
-        self._arrived = asyncio.Event()
+        self._sleepers: list[asyncio.Future[None]] = []  # what wakes the idle writers
 
     async def submit(self, request: Request) -> Result:
         """Write ``request`` with the next group; returns once that group has committed."""
@@ -70,7 +69,9 @@ class CommitGroup(Generic[Request, Result]):
         """Queue ``request`` for the next group: the future of its result, set on commit."""
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._waiting.append((request, future))
-        self._arrived.set()
+        for sleeper in self._sleepers:
+            _wake(sleeper)
+        self._sleepers.clear()
         if self._idle == 0 and len(self._writers) < self._max_writers:
             writer = asyncio.create_task(self._write_all())
             self._writers.add(writer)
@@ -113,15 +114,19 @@ class CommitGroup(Generic[Request, Result]):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
-            self._arrived.clear()
+            # A bare future and a timer: the cheapest wait there is (an Event with wait_for
+            # costs a task per wait, and there is a wait per write at low concurrency).
+            sleeper: asyncio.Future[None] = loop.create_future()
+            self._sleepers.append(sleeper)
+            timer = loop.call_later(remaining, _wake, sleeper)
             self._idle += 1
             try:
-                # asyncio.timeout, not wait_for: no task of its own for every wait.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(remaining):
-                        await self._arrived.wait()
+                await sleeper
             finally:
                 self._idle -= 1
+                timer.cancel()
+                if sleeper in self._sleepers:
+                    self._sleepers.remove(sleeper)
         return True
 
     async def _write(
@@ -147,6 +152,11 @@ class CommitGroup(Generic[Request, Result]):
                 future.set_exception(outcome)
             else:
                 future.set_result(outcome)
+
+
+def _wake(sleeper: asyncio.Future[None]) -> None:
+    if not sleeper.done():
+        sleeper.set_result(None)
 
 
 async def _outcome(write: Awaitable[Result]) -> Result | BaseException:
