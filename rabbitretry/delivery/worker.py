@@ -184,10 +184,11 @@ class Worker:
                     )
             self.started = True
             log.info(
-                "worker %s consuming %s with concurrency %d",
+                "worker %s consuming %s with concurrency %d from %s",
                 self.name,
                 ", ".join(c.queue for c in self.consumers),
                 self.concurrency,
+                amqp.node_url(consume_conn),
             )
             await self._stopping.wait()
             log.info("worker %s stopping: no new deliveries, finishing in-flight work", self.name)
@@ -262,6 +263,14 @@ class Worker:
             await queue.cancel(tag)
 
         return cancel
+
+    @property
+    def consuming_node(self) -> str | None:
+        """The URL (password masked) of the node the consumers are connected to, or were last:
+        with several URLs, the one that answered, then the one failed over to."""
+        if not self._connections:
+            return None
+        return amqp.node_url(self._connections[0])
 
     def health(self) -> Health:
         """The worker's own view of its health, without I/O (``/healthz`` adds a database
