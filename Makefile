@@ -54,6 +54,10 @@ fuzz: venv services
 drill: venv services
 	$(BIN)/python -m drills $(DRILL_ARGS)
 
+# Needs the cluster (make cluster); never touches the broker on 5672.
+drill-cluster: venv services
+	$(BIN)/python -m drills --cluster $(DRILL_ARGS)
+
 lint: venv
 	$(BIN)/ruff check rabbitretry tests examples drills bench
 	$(BIN)/ruff format --check rabbitretry tests examples drills bench

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import shutil
 import socket
 from collections.abc import AsyncIterator, Iterator
 from urllib.parse import urlsplit, urlunsplit
@@ -18,6 +19,8 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
+from drills import nodes
+from drills.nodes import Node
 from rabbitretry import db
 from rabbitretry.settings import DEFAULT_AMQP_URL, DEFAULT_DATABASE_URL
 
@@ -76,6 +79,23 @@ def amqp_url() -> str:
     if not _reachable(url):
         _unavailable("RabbitMQ", url)
     return url
+
+
+@pytest.fixture(scope="session")
+def cluster() -> list[Node]:
+    """The three nodes of the local cluster (``make cluster``); the cluster tier and the
+    cluster drill skip without it, and fail under ``CI=true`` (CI starts it)."""
+    found = nodes.cluster_nodes()
+    down = nodes.unreachable(found)
+    if down or shutil.which("rabbitmqctl") is None:
+        message = (
+            f"the local cluster is not up ({', '.join(n.name for n in down) or 'no rabbitmqctl'}"
+            " not reachable): make cluster"
+        )
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message} (CI=true: the cluster tier must run)", pytrace=False)
+        pytest.skip(message)
+    return found
 
 
 @pytest.fixture(scope="session")

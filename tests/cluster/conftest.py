@@ -8,8 +8,6 @@ what it stopped.
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import socket
 from collections.abc import AsyncIterator, Iterator
 
@@ -18,21 +16,6 @@ import pytest
 from drills import nodes
 from drills.nodes import Node
 from rabbitretry import amqp
-
-
-@pytest.fixture(scope="session")
-def cluster() -> list[Node]:
-    found = nodes.cluster_nodes()
-    down = nodes.unreachable(found)
-    if down or shutil.which("rabbitmqctl") is None:
-        message = (
-            f"the local cluster is not up ({', '.join(n.name for n in down) or 'no rabbitmqctl'}"
-            " not reachable): make cluster"
-        )
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{message} (CI=true: the cluster tier must run)", pytrace=False)
-        pytest.skip(message)
-    return found
 
 
 @pytest.fixture
