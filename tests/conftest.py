@@ -9,6 +9,7 @@ still cannot be reached skips the test locally and fails it under ``CI=true``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import shutil
@@ -139,21 +140,39 @@ def template_database(server_database_url: str) -> Iterator[str]:
     asyncio.run(drop())
 
 
-@pytest.fixture
-async def database_url(server_database_url: str, template_database: str) -> AsyncIterator[str]:
-    """A fresh, migrated database for this test alone, dropped afterwards."""
+@contextlib.asynccontextmanager
+async def fresh_database(server_url: str, template: str | None) -> AsyncIterator[str]:
+    """A new database (a copy of ``template``, or empty), dropped on the way out."""
     name = f"rabbitretry_test_{secrets.token_hex(4)}"
-    admin = await asyncpg.connect(server_database_url)
+    admin = await asyncpg.connect(server_url)
     try:
-        await admin.execute(f"CREATE DATABASE {name} TEMPLATE {template_database}")
+        await admin.execute(
+            f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else "")
+        )
     finally:
         await admin.close()
-    yield _with_database(server_database_url, name)
-    admin = await asyncpg.connect(server_database_url)
+    yield _with_database(server_url, name)
+    admin = await asyncpg.connect(server_url)
     try:
         await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     finally:
         await admin.close()
+
+
+@pytest.fixture
+async def database_url(server_database_url: str, template_database: str) -> AsyncIterator[str]:
+    """A fresh, migrated database for this test alone, dropped afterwards."""
+    async with fresh_database(server_database_url, template_database) as url:
+        yield url
+
+
+@pytest.fixture
+async def second_database_url(
+    server_database_url: str, template_database: str
+) -> AsyncIterator[str]:
+    """Another fresh, migrated database: a second ledger (queue groups on two primaries)."""
+    async with fresh_database(server_database_url, template_database) as url:
+        yield url
 
 
 @pytest.fixture
