@@ -157,7 +157,7 @@ def ledger_shares(
     """
     if default is not None:
         databases = list(dict.fromkeys([default, *(c.database_url or default for c in consumers)]))
-    home = {c.queue: c.database_url for c in consumers if c.database_url}
+    home = dict((c.queue, c.database_url) for c in consumers if c.database_url)
     shares: dict[str, list[Reconciliation]] = {url: [] for url in databases}
     for reconciliation in reconciliations:
         url = home.get(reconciliation.queue) or default or databases[0]
