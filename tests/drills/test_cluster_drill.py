@@ -35,6 +35,7 @@ async def test_short_cluster_drill_loses_nothing_and_duplicates_nothing(
     print(f"cluster drill seed {seed} (replay with RABBITRETRY_DRILL_SEED={seed})")
     result = await run_cluster_drill(config)
     print(result.details())
+    print("\n".join(result.verdict.figures()))
     print(result.summary())
 
     verdict = result.verdict
