@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
+import aio_pika
 import asyncpg
 import pytest
 from pydantic import BaseModel
@@ -19,6 +20,7 @@ from rabbitretry.delivery.worker import topology_of
 from rabbitretry.errors import ConnectionLost
 from rabbitretry.outbox import Outbox, OutboxRelay
 from rabbitretry.publisher import Publisher
+from rabbitretry.reconciler import Reconciler
 from rabbitretry.topology import declare
 from rabbitretry.urls import mask_url
 from tests.cluster.conftest import node_stopped
@@ -173,6 +175,73 @@ async def test_outbox_relay_fails_over_when_its_node_stops(
             await asyncio.wait_for(running, 30)
 
 
+async def test_reconciler_fails_over_when_its_node_stops(
+    cluster: list[Node], cluster_url: str, pool: asyncpg.Pool, on_cluster: type[Consumer[Item]]
+) -> None:
+    queue = on_cluster.queue
+    reconciler = Reconciler(pool, cluster_url, grace=1)
+    try:
+        await lost_retry(pool, queue, 0)
+        assert (await reconciler.run_once()).retries_redriven == 1
+        await pool.execute("UPDATE rabbitretry.ledger SET status = 'succeeded'")  # m0 is done
+        with node_stopped(cluster[0]):
+            await lost_retry(pool, queue, 1)
+
+            async def redriven() -> bool:
+                # A pass that meets the connection moving ends with ConnectionLost, the row
+                # still marked; a later pass, on the next node, publishes it.
+                try:
+                    return (await reconciler.run_once()).retries_redriven == 1
+                except ConnectionLost:
+                    return False
+
+            await wait_for(redriven, timeout=60, interval=1.0)
+        assert await message_ids(cluster[1], queue) == {"m0", "m1"}
+    finally:
+        await reconciler.close()
+
+
+async def test_a_rejected_message_is_dead_lettered_while_its_dead_queue_leader_is_down(
+    cluster: list[Node], cluster_url: str, on_cluster: type[Consumer[Item]]
+) -> None:
+    queue, dead = on_cluster.queue, on_cluster.work_queue().dead_queue_name
+    leader = nodes.leader_of(cluster, dead)
+    with node_stopped(leader):
+        # The first URL may be the stopped node: the connection goes to the next.
+        connection = await amqp.connect(cluster_url, name="rabbitretry-tests")
+        try:
+            channel = await connection.channel()
+            await channel.default_exchange.publish(
+                aio_pika.Message(b"{}", message_id="r1"), routing_key=queue
+            )
+            work = await channel.declare_queue(queue, passive=True)
+            message = await wait_for(lambda: work.get(no_ack=False, fail=False), timeout=30)
+            await message.reject(requeue=False)
+            # At-least-once dead-lettering: the work queue keeps the message until the dead
+            # queue (leader elected among the two running nodes) has it.
+            running = next(node for node in cluster if node != leader)
+            await wait_for(lambda: _true_async(depth(running, dead)), timeout=30)
+            assert await depth(running, dead) == 1
+        finally:
+            await connection.close()
+
+
+async def lost_retry(pool: asyncpg.Pool, queue: str, n: int) -> None:
+    """A ledger row retrying since an hour ago, whose delay copy the broker lost."""
+    await pool.execute(
+        """INSERT INTO rabbitretry.ledger (queue, message_id, status, attempts, max_attempts,
+                                           payload, next_retry_at)
+           VALUES ($1, $2, 'retrying', 1, 5, $3, now() - interval '1 hour')""",
+        queue,
+        f"m{n}",
+        Item(n=n).model_dump_json().encode(),
+    )
+
+
+async def _true_async(value: Awaitable[Any]) -> bool:
+    return bool(await value)
+
+
 async def enqueue(pool: asyncpg.Pool, queue: str, n: int) -> None:
     async with pool.acquire() as conn, conn.transaction():
         await Outbox().enqueue(conn, "", Item(n=n), routing_key=queue, message_id=f"m{n}")
@@ -189,6 +258,20 @@ async def depth(node: Node, queue: str) -> int:
         channel = await connection.channel()
         declared = await channel.declare_queue(queue, passive=True)
         return int(declared.declaration_result.message_count or 0)
+    finally:
+        await connection.close()
+
+
+async def message_ids(node: Node, queue: str) -> set[str]:
+    """The message_ids of every message in ``queue`` (taken off it)."""
+    connection = await amqp.connect(node.url, name="rabbitretry-tests")
+    try:
+        channel = await connection.channel()
+        declared = await channel.declare_queue(queue, passive=True)
+        found = set()
+        while (message := await declared.get(no_ack=True, fail=False)) is not None:
+            found.add(str(message.message_id))
+        return found
     finally:
         await connection.close()
 
