@@ -104,7 +104,7 @@ class Config:
 
     @property
     def amqp_url(self) -> str:
-        urls.check_amqp_url(self._values.amqp_url, AMQP_URL_VARIABLE)
+        urls.check_amqp_urls(self._values.amqp_url, AMQP_URL_VARIABLE)
         return self._values.amqp_url
 
     @property
