@@ -28,17 +28,19 @@ dist_port() { echo $((25700 + $1)); }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-# The environment the broker's scripts read for node N (they run as the rabbitmq user and keep
-# these variables).
-node_env() {
+# Run a command with the environment the broker's scripts read for node N (they run as the
+# rabbitmq user and keep these variables).
+with_node_env() {
     local n=$1 base=$dir/rr$1
-    echo RABBITMQ_NODENAME="$(node "$n")" \
+    shift
+    env RABBITMQ_NODENAME="$(node "$n")" \
         RABBITMQ_CONFIG_FILE="$base/rabbitmq.conf" \
         RABBITMQ_DIST_PORT="$(dist_port "$n")" \
         RABBITMQ_MNESIA_BASE="$base/mnesia" \
         RABBITMQ_LOG_BASE="$base/log" \
         RABBITMQ_PID_FILE="$base/rabbitmq.pid" \
-        RABBITMQ_ENABLED_PLUGINS_FILE="$base/enabled_plugins"
+        RABBITMQ_ENABLED_PLUGINS_FILE="$base/enabled_plugins" \
+        "$@"
 }
 
 ctl() {
@@ -74,7 +76,7 @@ start_node() {
     write_config "$n"
     chown -R rabbitmq:rabbitmq "$dir"
     say "starting $(node "$n") on 127.0.0.1:$(amqp_port "$n")"
-    env $(node_env "$n") rabbitmq-server -detached
+    with_node_env "$n" rabbitmq-server -detached
 }
 
 wait_node() {
@@ -87,11 +89,15 @@ wait_node() {
     exit 1
 }
 
-joined() { ctl 1 cluster_status --formatter json 2>/dev/null | grep -q "\"$(node "$1")\""; }
+# The nodes node 1 sees running in its cluster, one a line.
+running_members() {
+    ctl 1 cluster_status --formatter json 2>/dev/null |
+        python3 -c 'import json, sys; print("\n".join(json.load(sys.stdin)["running_nodes"]))'
+}
 
 join() {
     local n=$1
-    if joined "$n" && ctl 1 cluster_status --formatter json | grep -q "running_nodes.*$(node "$n")"; then
+    if running_members | grep -qx "$(node "$n")"; then
         return
     fi
     say "joining $(node "$n") to $(node 1)"
