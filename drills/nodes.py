@@ -86,8 +86,12 @@ def quorum_queue(nodes: list[Node], queue: str) -> dict[str, object]:
 
 
 def leader_of(nodes: list[Node], queue: str) -> Node:
+    """The node among ``nodes`` that leads ``queue``; LookupError if none of them does."""
     leader = quorum_queue(nodes, queue)["leader"]
-    return next(node for node in nodes if node.name == leader)
+    for node in nodes:
+        if node.name == leader:
+            return node
+    raise LookupError(f"{queue!r} is led by {leader}, none of the nodes asked")
 
 
 def stop_app(node: Node) -> None:

@@ -1,5 +1,6 @@
-"""Several AMQP URLs on a real three-node cluster: the worker, the publisher and the outbox
-relay fail over to another node when theirs stops, and the quorum queues carry on."""
+"""Several AMQP URLs on a real three-node cluster: the worker, the publisher, the outbox relay
+and the reconciler fail over to another node when theirs stops; the quorum queues are
+replicated on every node and dead-letter at least once while a node is down."""
 
 from __future__ import annotations
 
