@@ -140,7 +140,7 @@ class FailoverConnection(aio_pika.RobustConnection):
             return
         self._node = (self._node + 1) % len(self._nodes)
         self.url = self._nodes[self._node]
-        log.warning("RabbitMQ connection lost or refused; next attempt at %s", self)
+        log.warning("RabbitMQ connection lost or refused; next attempt at %s", node_url(self))
 
 
 def _why_not_connected(error: Exception, url: str, endpoint: urls.Endpoint) -> str:
