@@ -9,7 +9,8 @@ BIN    := $(VENV)/bin
 help:
 	@echo "make demo      run the demo against the local RabbitMQ and PostgreSQL (installs only the package)"
 	@echo "make demo-shop the outbox and exactly-once points"
-	@echo "make test      the whole test suite (unit, integration, acceptance, drills)"
+	@echo "make test      the whole test suite (unit, integration, acceptance, drills; the cluster tier"
+	@echo "               and the short cluster drill when make cluster is up)"
 	@echo "make test-unit only the tests that need no services"
 	@echo "make fuzz      the generated hostile-input tier with thousands of cases (Hypothesis)"
 	@echo "make drill     the full fault drill (restarts RabbitMQ's application, crashes a private"
