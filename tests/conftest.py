@@ -89,10 +89,12 @@ def cluster() -> list[Node]:
     found = nodes.cluster_nodes()
     down = nodes.unreachable(found)
     if down or shutil.which("rabbitmqctl") is None:
-        message = (
-            f"the local cluster is not up ({', '.join(n.name for n in down) or 'no rabbitmqctl'}"
-            " not reachable): make cluster"
+        why = (
+            f"{', '.join(n.name for n in down)} not reachable"
+            if down
+            else "rabbitmqctl, which stops and starts its nodes, is not installed"
         )
+        message = f"the local cluster is not up ({why}): make cluster"
         if os.environ.get("CI") == "true":
             pytest.fail(f"{message} (CI=true: the cluster tier must run)", pytrace=False)
         pytest.skip(message)
