@@ -3,20 +3,25 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: help venv demo demo-shop demo-payments test test-unit fuzz lint services clean drill bench bench-quick
+.PHONY: help venv demo demo-shop demo-payments test test-unit fuzz lint services clean drill bench \
+	bench-quick cluster cluster-stop drill-cluster
 
 help:
 	@echo "make demo      run the demo against the local RabbitMQ and PostgreSQL (installs only the package)"
 	@echo "make demo-shop the outbox and exactly-once points"
 	@echo "make demo-payments"
 	@echo "               payment gateway callbacks: receiver, state machine, reconciliation"
-	@echo "make test      the whole test suite (unit, integration, acceptance, drills)"
+	@echo "make test      the whole test suite (unit, integration, acceptance, drills; the cluster tier"
+	@echo "               and the short cluster drill when make cluster is up)"
 	@echo "make test-unit only the tests that need no services"
 	@echo "make fuzz      the generated hostile-input tier with thousands of cases (Hypothesis)"
 	@echo "make drill     the full fault drill (restarts RabbitMQ's application, crashes a private"
 	@echo "               PostgreSQL of its own; DRILL_ARGS=--help)"
 	@echo "make lint      ruff and mypy --strict"
 	@echo "make bench     benchmarks against the anchors (20,000 messages a run; bench-quick: 3,000)"
+	@echo "make cluster   a 3-node RabbitMQ cluster on this machine (rr1..rr3@localhost, AMQP ports"
+	@echo "               5701-5703; scripts/cluster.sh); make cluster-stop stops it, removes its data"
+	@echo "make drill-cluster  the fault drill on that cluster: 3 workers, a node and a worker lost"
 	@echo "make services  bring RabbitMQ and PostgreSQL up: Docker, else the installed services"
 	@echo "               (scripts/services.sh; demo, test, fuzz, drill and bench do it themselves)"
 	@echo "make venv      the development environment: the package with the dev extras"
@@ -55,6 +60,10 @@ fuzz: venv services
 drill: venv services
 	$(BIN)/python -m drills $(DRILL_ARGS)
 
+# Needs the cluster (make cluster); never touches the broker on 5672.
+drill-cluster: venv services
+	$(BIN)/python -m drills --cluster $(DRILL_ARGS)
+
 lint: venv
 	$(BIN)/ruff check rabbitretry tests examples drills bench
 	$(BIN)/ruff format --check rabbitretry tests examples drills bench
@@ -70,6 +79,12 @@ bench-quick: venv services
 
 services:
 	scripts/services.sh up
+
+cluster:
+	scripts/cluster.sh up
+
+cluster-stop:
+	scripts/cluster.sh down
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

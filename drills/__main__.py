@@ -12,6 +12,7 @@ import signal
 import sys
 
 from drills import private_postgres
+from drills.cluster import ClusterDown, ClusterDrillConfig, run_cluster_drill
 from drills.drill import DATABASE_CRASH_ENV, DrillConfig, DrillResult, run_drill
 from rabbitretry.settings import DEFAULT_AMQP_URL, DEFAULT_DATABASE_URL
 
@@ -37,7 +38,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="spread publishing (and the faults) over this long (default: 18 s per 1000 messages)",
     )
     parser.add_argument(
-        "--concurrency", "-c", type=int, default=16, help="worker consumers (default 16)"
+        "--concurrency",
+        "-c",
+        type=int,
+        help="consumers per worker process (default 16; with --cluster 8)",
     )
     parser.add_argument(
         "--settle-timeout",
@@ -65,6 +69,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ),
     )
     parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help=(
+            "the cluster drill instead, on the three local nodes of `make cluster`: a quorum "
+            "queue, a worker per node, two reconcilers and two outbox relays; stop the node "
+            "leading the work queue and start it again, SIGKILL one worker (it never touches "
+            "the broker on 5672, nor crashes a database)"
+        ),
+    )
+    parser.add_argument(
+        "--node-down-seconds",
+        type=float,
+        default=20.0,
+        help="with --cluster: how long the stopped node stays down (default 20)",
+    )
+    parser.add_argument(
         "--keep",
         action="store_true",
         help="keep the scratch database and the worker log even when the drill passes",
@@ -72,6 +92,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.messages < 100:
         parser.error("--messages must be at least 100 (the shares need whole messages)")
+    if args.cluster:
+        args.no_database_crash = args.no_broker_restart = True
     if not args.no_database_crash and (why := private_postgres.available()):
         parser.error(
             f"the database crash needs a private PostgreSQL server: {why} "
@@ -80,15 +102,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def config_from(args: argparse.Namespace) -> DrillConfig:
+def config_from(args: argparse.Namespace) -> DrillConfig | ClusterDrillConfig:
     seed = args.seed if args.seed is not None else random.randrange(1_000_000)
+    if args.cluster:
+        return ClusterDrillConfig(
+            database_url=os.environ.get("RABBITRETRY_DATABASE_URL", DEFAULT_DATABASE_URL),
+            messages=args.messages,
+            seed=seed,
+            publish_seconds=args.publish_seconds or default_publish_seconds(args.messages),
+            concurrency=args.concurrency or 8,
+            settle_timeout=args.settle_timeout,
+            node_down_seconds=args.node_down_seconds,
+            keep=args.keep,
+        )
     return DrillConfig(
         amqp_url=os.environ.get("RABBITRETRY_AMQP_URL", DEFAULT_AMQP_URL),
         database_url=os.environ.get("RABBITRETRY_DATABASE_URL", DEFAULT_DATABASE_URL),
         messages=args.messages,
         seed=seed,
         publish_seconds=args.publish_seconds or default_publish_seconds(args.messages),
-        concurrency=args.concurrency,
+        concurrency=args.concurrency or 16,
         settle_timeout=args.settle_timeout,
         restart_broker=not args.no_broker_restart,
         crash_database=not args.no_database_crash,
@@ -112,11 +145,13 @@ def report(result: DrillResult) -> None:
     print(result.summary())
 
 
-async def main_async(config: DrillConfig) -> DrillResult:
+async def main_async(config: DrillConfig | ClusterDrillConfig) -> DrillResult:
     # SIGTERM interrupts the drill like Ctrl-C does, so that its finally blocks restore everything.
     task = asyncio.current_task()
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    if isinstance(config, ClusterDrillConfig):
+        return await run_cluster_drill(config, say=lambda line: print(line, flush=True))
     return await run_drill(config, say=lambda line: print(line, flush=True))
 
 
@@ -131,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("drill: interrupted; everything it changed was restored", file=sys.stderr)
         return 130
+    except ClusterDown as error:
+        print(f"drill: {error}", file=sys.stderr)
+        return 2
     report(result)
     return 0 if result.verdict.ok else 1
 

@@ -24,6 +24,7 @@ from rabbitretry import Consumer, Context, Permanent, Retry, RetryPolicy
 EFFECTS_TABLE = "drill_effect"
 CRASH_EXIT_CODE = 17
 STARTS_ENV = "RABBITRETRY_DRILL_HANDLER_STARTS"
+QUEUE_TYPE_ENV = "RABBITRETRY_DRILL_QUEUE_TYPE"
 
 _starts_fd: int | None = None
 
@@ -60,6 +61,8 @@ class DrillMessage(BaseModel):
 
 class DrillConsumer(Consumer[DrillMessage]):
     queue = os.environ.get("RABBITRETRY_DRILL_QUEUE", "rabbitretry-drill")
+    # The cluster drill runs on quorum queues (RABBITRETRY_DRILL_QUEUE_TYPE=quorum).
+    queue_type = "quorum" if os.environ.get(QUEUE_TYPE_ENV) == "quorum" else "classic"
     # A short lease: a killed worker's messages are taken up again two seconds later.
     lease = 2.0
     # Six attempts: transient messages fail at most twice, leaving room for attempts lost when

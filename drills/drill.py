@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
@@ -28,13 +30,14 @@ import asyncpg
 
 from drills.consumer import CREATE_EFFECTS, STARTS_ENV, DrillConsumer
 from drills.faults import Faults
-from drills.plan import Message, Plan, make_plan
+from drills.plan import Fault, Message, Plan, make_plan
 from drills.private_postgres import PrivatePostgres, private_postgres
 from drills.supervisor import Supervisor
 from drills.verify import Verdict, read_handler_starts, unfinished, verify
-from rabbitretry import amqp, db
+from rabbitretry import amqp, db, urls
 from rabbitretry.reconciler import Reconciler
 from rabbitretry.topology import Topology, declare
+from rabbitretry.topology.model import QueueType
 from tests.proxy import Proxy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,6 +77,9 @@ class DrillResult:
     worker_log: Path
     database: str
     database_outages: list[float]
+    leader_changes: list[float] = field(default_factory=list)
+    """The cluster drill: seconds from each stop of the node leading the work queue until
+    another node led it."""
 
     def details(self) -> str:
         exits = ", ".join(f"{n}x exit {code}" for code, n in sorted(self.worker_exits.items()))
@@ -82,6 +88,7 @@ class DrillResult:
             f"{exits or 'none'}; {self.republished} publishes sent again; "
             f"{self.total_seconds:.0f} s in all"
             + "".join(f"; database down {s:.1f} s" for s in self.database_outages)
+            + "".join(f"; new work queue leader after {s:.1f} s" for s in self.leader_changes)
         )
 
     def summary(self) -> str:
@@ -92,6 +99,16 @@ class DrillResult:
             f"{'?' if v.handler_runs is None else len(v.charged_without_run)} attempts charged "
             f"without a handler run, recovered in {self.recovered_seconds:.1f} s"
         )
+
+
+class Injector(Protocol):
+    """What strikes the faults of a plan (:class:`drills.faults.Faults` and the cluster's)."""
+
+    async def inject(self, fault: Fault) -> None: ...
+
+
+Enqueue = Callable[[Message], Awaitable[bool]]
+"""Takes a message into the outbox instead of publishing it (True), or leaves it (False)."""
 
 
 class Clock:
@@ -237,14 +254,15 @@ async def _publish_and_settle(
     plan: Plan,
     queue: str,
     database_url: str,
-    faults: Faults,
+    faults: Injector,
     clock: Clock,
     starts: Path,
+    enqueue: Enqueue | None = None,
 ) -> tuple[Verdict, int, float]:
     # Fault times count from the start of publishing, as the plan's message times do.
     published_from = clock.now()
     clock.say(f"publishing starts ({plan.publish_seconds:.0f} s)")
-    publisher = asyncio.create_task(_publish(config.amqp_url, queue, plan, clock))
+    publisher = asyncio.create_task(_publish(config.amqp_url, queue, plan, clock, enqueue))
     try:
         for scheduled in plan.faults:
             await asyncio.sleep(max(0.0, published_from + scheduled.at - clock.now()))
@@ -279,27 +297,34 @@ async def _publish_and_settle(
     return verdict, republished, max(0.0, settled - last_fault_restored)
 
 
-async def _publish(amqp_url: str, queue: str, plan: Plan, clock: Clock) -> int:
+async def _publish(
+    amqp_url: str, queue: str, plan: Plan, clock: Clock, enqueue: Enqueue | None = None
+) -> int:
     """Publish every message with confirms, paced over the window; the count of re-sends.
 
     A publish that is not confirmed (the broker went away) is sent again with the same
-    message_id until it is: a copy may then exist twice, which the ledger must absorb.
+    message_id until it is: a copy may then exist twice, which the ledger must absorb. With
+    several URLs (a cluster), each new connection goes to the next node. ``enqueue`` may take
+    a message into the outbox instead.
     """
     interval = plan.publish_seconds / max(1, len(plan.messages))
     start = clock.now()
     republished = 0
+    nodes = itertools.cycle(urls.split_urls(amqp_url))
     channel: aio_pika.abc.AbstractChannel | None = None
     connection: aio_pika.abc.AbstractConnection | None = None
     try:
         for index, message in enumerate(plan.messages):
             await asyncio.sleep(max(0.0, start + index * interval - clock.now()))
+            if enqueue is not None and await enqueue(message):
+                continue
             while True:
                 try:
                     if channel is None or channel.is_closed:
                         if connection is not None:
                             with contextlib.suppress(Exception):
                                 await connection.close()
-                        connection = await aio_pika.connect(amqp_url, timeout=5)
+                        connection = await aio_pika.connect(next(nodes), timeout=5)
                         channel = await connection.channel(
                             publisher_confirms=True, on_return_raises=True
                         )
@@ -366,9 +391,11 @@ async def scratch_database(server_url: str, name: str, keep: Keep) -> AsyncItera
 
 
 @contextlib.asynccontextmanager
-async def drill_queue(amqp_url: str, queue: str) -> AsyncIterator[Topology]:
+async def drill_queue(
+    amqp_url: str, queue: str, queue_type: QueueType = "classic"
+) -> AsyncIterator[Topology]:
     """The drill queue's topology, declared; every queue of it deleted on the way out."""
-    work_queue = DrillConsumer.work_queue().model_copy(update={"name": queue})
+    work_queue = DrillConsumer.work_queue().model_copy(update={"name": queue, "type": queue_type})
     topology = Topology(queues=[work_queue])
     connection = await amqp.connect(amqp_url, name="rabbitretry-drill")
     try:
@@ -384,7 +411,7 @@ async def drill_queue(amqp_url: str, queue: str) -> AsyncIterator[Topology]:
 
 
 async def _delete_queues(amqp_url: str, names: list[str]) -> None:
-    connection = await aio_pika.connect(amqp_url, timeout=10)
+    connection = await amqp.connect(amqp_url, name="rabbitretry-drill")
     try:
         for name in names:
             channel = await connection.channel()

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 Kind = Literal["ok", "transient", "poison", "crasher", "slow"]
-Fault = Literal["kill", "cut-broker", "cut-database", "restart-broker", "crash-database"]
+Fault = Literal[
+    "kill", "cut-broker", "cut-database", "restart-broker", "crash-database", "stop-leader"
+]
 
 # The reference drills: three SIGKILLs, one cut of each connection, one broker restart, one
 # database crash (PostgreSQL stopped in immediate mode, started again 2 s later).

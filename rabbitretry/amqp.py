@@ -44,6 +44,8 @@ from rabbitretry.wire import why_unencodable
 # redelivery: decode what can be decoded leniently (rabbitretry/lenient_frames.py).
 lenient_frames.install()
 
+log = logging.getLogger("rabbitretry.amqp")
+
 IncomingMessage = AbstractIncomingMessage
 Channel = AbstractChannel
 Connection = AbstractRobustConnection
@@ -64,15 +66,38 @@ CONNECT_TIMEOUT = 10.0
 async def connect(url: str, *, name: str = "rabbitretry") -> Connection:
     """A robust connection (it reconnects and restores channels); a clear error if none.
 
-    The URL is checked before anything is tried (:func:`rabbitretry.urls.check_amqp_url`),
-    and the first connection is bounded: a wrong password, a virtual host that does not
+    ``url`` may list several nodes of a cluster, comma-separated: the connection goes to the
+    first that answers and, when its node goes away, fails over to the next (round the list),
+    restoring its channels, declarations and consumers there.
+
+    The URLs are checked before anything is tried (:func:`rabbitretry.urls.check_amqp_urls`),
+    and each first connection is bounded: a wrong password, a virtual host that does not
     exist, a port where nothing listens or a broker that does not answer is a
-    :class:`ServiceUnavailable` saying which, with the URL masked, never a retry loop.
+    :class:`ServiceUnavailable` saying which (for each node), with the URL masked, never a
+    retry loop.
     """
-    endpoint = urls.check_amqp_url(url)
+    nodes = urls.split_urls(url)
+    endpoints = urls.check_amqp_urls(url)
+    reasons = []
+    for start, (node_url, endpoint) in enumerate(zip(nodes, endpoints, strict=True)):
+        connection = await _connect_from(nodes, start, name)
+        if not isinstance(connection, Exception):
+            return connection
+        reasons.append(_why_not_connected(connection, node_url, endpoint))
+    if len(reasons) == 1:
+        raise ServiceUnavailable(reasons[0])
+    raise ServiceUnavailable(
+        f"cannot connect to RabbitMQ at any of its {len(reasons)} URLs: " + "; ".join(reasons)
+    )
+
+
+async def _connect_from(nodes: list[str], start: int, name: str) -> Connection | Exception:
+    """A :class:`FailoverConnection` whose first connection went to ``nodes[start]``, or why
+    that connection failed."""
+    url = nodes[start]
     try:
-        connection = aio_pika.RobustConnection(
-            yarl.URL(url), client_properties={"connection_name": name}
+        connection = FailoverConnection(
+            [yarl.URL(node) for node in nodes], start, client_properties={"connection_name": name}
         )
     except ValueError as error:  # a query parameter aio-pika cannot read
         raise ConfigurationError(
@@ -87,8 +112,35 @@ async def connect(url: str, *, name: str = "rabbitretry") -> Connection:
             await asyncio.wait_for(connection.close(), 5)
         if not isinstance(error, Exception):
             raise
-        raise ServiceUnavailable(_why_not_connected(error, url, endpoint)) from error
+        return error
     return connection
+
+
+class FailoverConnection(aio_pika.RobustConnection):
+    """A robust connection that knows a cluster's nodes: each time its connection closes or
+    an attempt fails, the next attempt goes to the next node, round the list.
+
+    aio-pika's own robust connection retries one URL for ever, which keeps a worker idle for
+    as long as its node is down although the queues (quorum, replicated) are served by the
+    others. Query options (heartbeat, timeouts) are read from the first URL.
+    """
+
+    def __init__(self, nodes: list[yarl.URL], start: int, **kwargs: Any) -> None:
+        super().__init__(nodes[start], **kwargs)
+        self._nodes = nodes
+        self._node = start
+
+    async def _on_connection_close(self, closing: asyncio.Future[Any]) -> None:
+        await super()._on_connection_close(closing)
+        # connection_attempt counts successful connections: before the first, a failure ends
+        # this object (connect() tries the next node with a new one).
+        if self.close_called or self.is_closed or not self.connection_attempt:
+            return
+        if len(self._nodes) == 1:
+            return
+        self._node = (self._node + 1) % len(self._nodes)
+        self.url = self._nodes[self._node]
+        log.warning("RabbitMQ connection lost or refused; next attempt at %s", node_url(self))
 
 
 def _why_not_connected(error: Exception, url: str, endpoint: urls.Endpoint) -> str:
@@ -331,6 +383,11 @@ class ConfirmingPublisher:
     async def close(self) -> None:
         if not self._channel.is_closed:
             await self._channel.close()
+
+
+def node_url(connection: Connection) -> str:
+    """The URL (password masked) of the node ``connection`` is on, or was last on."""
+    return urls.mask_url(str(getattr(connection, "url", "")))
 
 
 def is_up(connection: Connection) -> bool:

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import TypeAdapter
 
+from rabbitretry import urls
 from rabbitretry.db import Connection
 from rabbitretry.delivery.transaction import HandlerTransaction
 from rabbitretry.errors import ConfigurationError
@@ -102,6 +103,9 @@ class Consumer(Generic[Payload]):
     ``expires_after``    seconds after publication (or first delivery) when a message is no
                          longer worth handling: it is finished ``skipped``, reason ``expired``
                          (None: never)
+    ``database_url``     the PostgreSQL database of this queue's ledger (None: the worker's,
+                         ``RABBITRETRY_DATABASE_URL``): queue groups can live on different
+                         primaries, the key ``(queue, message_id)`` never spans two
 
     Override :meth:`should_skip` to skip messages by a business rule.
     """
@@ -116,6 +120,7 @@ class Consumer(Generic[Payload]):
     lease: ClassVar[float] = 15.0
     max_body_bytes: ClassVar[int] = 1024 * 1024
     expires_after: ClassVar[float | None] = None
+    database_url: ClassVar[str | None] = None
 
     payload_adapter: ClassVar[TypeAdapter[Any]]
 
@@ -193,6 +198,8 @@ def _check(cls: type[Consumer[Any]]) -> None:
         )
     if cls.expires_after is not None and cls.expires_after <= 0:
         raise ConfigurationError(f"{name}.expires_after must be a positive number of seconds")
+    if cls.database_url is not None:
+        urls.check_database_url(cls.database_url, f"{name}.database_url")
     if cls.lease < 1:
         raise ConfigurationError(f"{name}.lease must be at least 1 second")
     if cls.handle is Consumer.handle:

@@ -7,6 +7,11 @@ one sentence that names where the URL came from and shows it masked.
 
 :func:`mask_url` hides the password of anything that looks like a URL, however malformed:
 every message, log line and exception text that shows a URL goes through it.
+
+An AMQP setting may name several nodes of a cluster: several URLs separated by commas
+(``amqp://u:p@node1:5672/,amqp://u:p@node2:5672/``). :func:`split_urls` cuts such a list only
+before a scheme, so a comma inside a password stays where it is; :func:`check_amqp_urls`
+checks each, and :func:`mask_url` masks each.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ DATABASE_SHAPE = "postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 _SCHEME_AND_SLASHES = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/{1,2}")
+# A comma that starts another URL: followed by a scheme and "://" (not by a password's text).
+_NEXT_URL = re.compile(r"\s*,\s*(?=[A-Za-z][A-Za-z0-9+.-]*://)")
 _QUERY_SECRET = re.compile(r"(?i)([?&](?:password|sslpassword)=)[^&#]*")
 _MASK = "***"
 
@@ -46,8 +53,16 @@ def mask_url(url: str) -> str:
 
     Total: it never raises, and it hides the password of a malformed URL too (no scheme,
     one slash, an unescaped ``@`` or ``/`` in the password), at the cost of hiding a little
-    more than the password when an ``@`` appears after the host.
+    more than the password when an ``@`` appears after the host. Each URL of a
+    comma-separated list (:func:`split_urls`) is masked on its own.
     """
+    parts = split_urls(url)
+    if len(parts) > 1:
+        masked = ",".join(mask_url(part) for part in parts)
+        # A password holding ",scheme://" is cut in two: mask the whole as one URL instead.
+        whole = password_of(url)
+        if whole is None or whole not in masked:
+            return masked
     text = _QUERY_SECRET.sub(rf"\g<1>{_MASK}", url)
     head, at, tail = text.rpartition("@")
     if not at:
@@ -58,6 +73,11 @@ def mask_url(url: str) -> str:
     if not colon:
         return text
     return f"{prefix}{user}:{_MASK}@{tail}"
+
+
+def split_urls(text: str) -> list[str]:
+    """The URLs of a comma-separated list, in order (one URL: a list of one)."""
+    return _NEXT_URL.split(text)
 
 
 def password_of(url: str) -> str | None:
@@ -73,6 +93,11 @@ def password_of(url: str) -> str | None:
 
 def scrub(text: str, url: str) -> str:
     """``text`` (a driver's error message) without the URL's password, in case it echoes it."""
+    parts = split_urls(url)
+    if len(parts) > 1:
+        for part in parts:
+            text = scrub(text, part)
+        return text
     text = text.replace(url, mask_url(url))
     password = password_of(url)
     # A very short password would mask ordinary letters of the message; it cannot be told
@@ -90,6 +115,11 @@ def check_amqp_url(url: str, source: str = "the AMQP URL") -> Endpoint:
     default_port = 5671 if scheme == "amqps" else 5672
     address = ",".join(_address(host, port or default_port) for host, port in hosts)
     return Endpoint(scheme=scheme, address=address, user=unquote(user) or "guest", path=vhost)
+
+
+def check_amqp_urls(text: str, source: str = "the AMQP URL") -> list[Endpoint]:
+    """Each URL of a comma-separated list of AMQP URLs (a cluster's nodes), checked in order."""
+    return [check_amqp_url(url, source) for url in split_urls(text)]
 
 
 def check_database_url(url: str, source: str = "the database URL") -> Endpoint:
@@ -132,7 +162,10 @@ def _split(
     userinfo, _, hostlist = netloc.rpartition("@")
     user = userinfo.partition(":")[0]
     if "," in hostlist and not several:
-        raise refuse(f"has a malformed host and port {hostlist!r}")
+        raise refuse(
+            f"has a comma in its host {hostlist!r}: write each node as a URL of its own, "
+            "the URLs separated by commas"
+        )
     hosts: list[tuple[str, int | None]] = []
     for hostport in hostlist.split(",") if several else [hostlist]:
         host, port = _host_and_port(hostport, refuse)

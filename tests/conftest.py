@@ -9,8 +9,10 @@ still cannot be reached skips the test locally and fails it under ``CI=true``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
+import shutil
 import socket
 from collections.abc import AsyncIterator, Iterator
 from urllib.parse import urlsplit, urlunsplit
@@ -18,6 +20,8 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
+from drills import nodes
+from drills.nodes import Node
 from rabbitretry import db
 from rabbitretry.settings import DEFAULT_AMQP_URL, DEFAULT_DATABASE_URL
 
@@ -79,6 +83,25 @@ def amqp_url() -> str:
 
 
 @pytest.fixture(scope="session")
+def cluster() -> list[Node]:
+    """The three nodes of the local cluster (``make cluster``); the cluster tier and the
+    cluster drill skip without it, and fail under ``CI=true`` (CI starts it)."""
+    found = nodes.cluster_nodes()
+    down = nodes.unreachable(found)
+    if down or shutil.which("rabbitmqctl") is None:
+        why = (
+            f"{', '.join(n.name for n in down)} not reachable"
+            if down
+            else "rabbitmqctl, which stops and starts its nodes, is not installed"
+        )
+        message = f"the local cluster is not up ({why}): make cluster"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message} (CI=true: the cluster tier must run)", pytrace=False)
+        pytest.skip(message)
+    return found
+
+
+@pytest.fixture(scope="session")
 def server_database_url() -> str:
     url = _service_url("RABBITRETRY_DATABASE_URL", DEFAULT_DATABASE_URL, "postgres")
     if not _reachable(url):
@@ -119,21 +142,39 @@ def template_database(server_database_url: str) -> Iterator[str]:
     asyncio.run(drop())
 
 
-@pytest.fixture
-async def database_url(server_database_url: str, template_database: str) -> AsyncIterator[str]:
-    """A fresh, migrated database for this test alone, dropped afterwards."""
+@contextlib.asynccontextmanager
+async def fresh_database(server_url: str, template: str | None) -> AsyncIterator[str]:
+    """A new database (a copy of ``template``, or empty), dropped on the way out."""
     name = f"rabbitretry_test_{secrets.token_hex(4)}"
-    admin = await asyncpg.connect(server_database_url)
+    admin = await asyncpg.connect(server_url)
     try:
-        await admin.execute(f"CREATE DATABASE {name} TEMPLATE {template_database}")
+        await admin.execute(
+            f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else "")
+        )
     finally:
         await admin.close()
-    yield _with_database(server_database_url, name)
-    admin = await asyncpg.connect(server_database_url)
+    yield _with_database(server_url, name)
+    admin = await asyncpg.connect(server_url)
     try:
         await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     finally:
         await admin.close()
+
+
+@pytest.fixture
+async def database_url(server_database_url: str, template_database: str) -> AsyncIterator[str]:
+    """A fresh, migrated database for this test alone, dropped afterwards."""
+    async with fresh_database(server_database_url, template_database) as url:
+        yield url
+
+
+@pytest.fixture
+async def second_database_url(
+    server_database_url: str, template_database: str
+) -> AsyncIterator[str]:
+    """Another fresh, migrated database: a second ledger (queue groups on two primaries)."""
+    async with fresh_database(server_database_url, template_database) as url:
+        yield url
 
 
 @pytest.fixture

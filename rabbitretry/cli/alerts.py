@@ -14,6 +14,7 @@ from rich.table import Table
 from rabbitretry import alerts, db
 from rabbitretry.alert_rules import mask_secret_url, title
 from rabbitretry.cli.common import (
+    DatabaseOption,
     JsonOption,
     UserError,
     VerboseOption,
@@ -90,6 +91,7 @@ async def deliver(
     ] = None,
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds per webhook call.")] = 10.0,
     verbose: VerboseOption = False,
+    database: DatabaseOption = None,
 ) -> None:
     """Check heartbeats and backlog, then send the alerts that are due.
 
@@ -101,7 +103,7 @@ async def deliver(
     configure_logging(verbose)
     config = settings()
     url = _webhook(webhook_url)
-    pool = await db.create_pool(config.database_url, min_size=1, max_size=2)
+    pool = await db.create_pool(config.database(database), min_size=1, max_size=2)
     try:
         deliverer = alerts.AlertDeliverer(
             pool,
@@ -161,6 +163,7 @@ async def list_(
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=10_000, help="How many, newest first.")] = 20,
     as_json: JsonOption = False,
+    database: DatabaseOption = None,
 ) -> None:
     """Recent alerts and their delivery state: open (collecting), pending (to send), sent.
 
@@ -170,7 +173,7 @@ async def list_(
     """
     if status is not None and status not in STATUSES:
         raise UserError(f"--status must be one of {', '.join(STATUSES)}, not {status!r}")
-    pool = await db.create_pool(settings().database_url, min_size=1, max_size=1)
+    pool = await db.create_pool(settings().database(database), min_size=1, max_size=1)
     try:
         found = await alerts.recent(pool, status=status, limit=limit)
     finally:

@@ -104,13 +104,26 @@ class Config:
 
     @property
     def amqp_url(self) -> str:
-        urls.check_amqp_url(self._values.amqp_url, AMQP_URL_VARIABLE)
+        urls.check_amqp_urls(self._values.amqp_url, AMQP_URL_VARIABLE)
         return self._values.amqp_url
 
     @property
     def database_url(self) -> str:
         urls.check_database_url(self._values.database_url, DATABASE_URL_VARIABLE)
         return self._values.database_url
+
+    def database(self, given: str | None) -> str:
+        """The ledger database a command acts on: ``--database``, else the variable."""
+        if given is None:
+            return self.database_url
+        urls.check_database_url(given, "--database")
+        return given
+
+    def databases(self, given: list[str] | None) -> list[str]:
+        """The ledger databases a command acts on: each ``--database``, else the variable."""
+        return (
+            [self.database(url) for url in dict.fromkeys(given)] if given else [self.database_url]
+        )
 
     @property
     def alert_webhook_url(self) -> str | None:
@@ -127,6 +140,26 @@ class Config:
     @property
     def console_password(self) -> str | None:
         return self._values.console_password
+
+
+DatabaseOption = Annotated[
+    str | None,
+    typer.Option(
+        "--database",
+        metavar="URL",
+        help="The ledger's PostgreSQL database (default: RABBITRETRY_DATABASE_URL).",
+        show_default=False,
+    ),
+]
+DatabasesOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--database",
+        metavar="URL",
+        help="A ledger database to act on; repeat for several (default: RABBITRETRY_DATABASE_URL).",
+        show_default=False,
+    ),
+]
 
 
 def settings() -> Config:

@@ -17,6 +17,7 @@ from rich.progress import Progress
 from rabbitretry import amqp, db, ledger, operations
 from rabbitretry.cli import dead_output as output
 from rabbitretry.cli.common import (
+    DatabaseOption,
     JsonOption,
     UserError,
     load_consumer,
@@ -107,6 +108,7 @@ async def list_(
     ] = False,
     limit: Annotated[int, typer.Option(min=1, help="At most this many rows.")] = 100,
     as_json: JsonOption = False,
+    database: DatabaseOption = None,
 ) -> None:
     """List dead letters (or retrying and ignored messages), newest first.
 
@@ -118,7 +120,7 @@ async def list_(
     fingerprint, messages, error_type, example_message, first_seen, last_seen); [] when none.
     """
     selection = _filter(status, queue, error, fingerprint, since, until, search, limit)
-    pool = await db.create_pool(settings().database_url, min_size=1, max_size=1)
+    pool = await db.create_pool(settings().database(database), min_size=1, max_size=1)
     try:
         if group:
             rows = await operations.groups(pool, selection)
@@ -142,9 +144,10 @@ async def list_(
 async def show(
     key: Annotated[str, typer.Argument(help="The message_id (ledger key) of the dead letter.")],
     queue: QueueOption = None,
+    database: DatabaseOption = None,
 ) -> None:
     """Show one message: payload, headers, state, every attempt and the audit trail."""
-    pool = await db.create_pool(settings().database_url, min_size=1, max_size=1)
+    pool = await db.create_pool(settings().database(database), min_size=1, max_size=1)
     try:
         row = await _find(pool, key, queue)
         attempts, audit = await operations.history(pool, ledger.Key(row["queue"], key))
@@ -205,6 +208,7 @@ async def replay(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Show what would be replayed; change nothing.")
     ] = False,
+    database: DatabaseOption = None,
 ) -> None:
     """Republish dead letters from the ledger with a fresh attempt budget.
 
@@ -220,7 +224,7 @@ async def replay(
     per_second = operations.parse_rate(rate) if rate else None
     cutoff = parse_time(before) if before else None
     config = settings()
-    pool = await db.create_pool(config.database_url, min_size=1, max_size=2)
+    pool = await db.create_pool(config.database(database), min_size=1, max_size=2)
     try:
         chosen = [await _dead_key(pool, key, queue) for key in keys] if keys else None
         targets = await operations.replay_targets(
@@ -280,12 +284,13 @@ async def ignore(
         str, typer.Option("--comment", "-m", help="Why no one will retry it (kept in the audit).")
     ],
     queue: QueueOption = None,
+    database: DatabaseOption = None,
 ) -> None:
     """Mark a dead (or retrying) message as ignored: it will not be retried or replayed.
 
     Copies still on the broker are dropped when they arrive. The comment is required.
     """
-    pool = await db.create_pool(settings().database_url, min_size=1, max_size=1)
+    pool = await db.create_pool(settings().database(database), min_size=1, max_size=1)
     try:
         row = await _find(pool, key, queue)
         entry = ledger.Key(row["queue"], key)
@@ -314,6 +319,7 @@ async def edit(
         str | None, typer.Option("--comment", "-m", help="Why it was changed.")
     ] = None,
     queue: QueueOption = None,
+    database: DatabaseOption = None,
 ) -> None:
     """Replace a dead letter's payload and replay it (the old payload is kept in the audit).
 
@@ -327,7 +333,7 @@ async def edit(
     adapter = load_consumer(consumer).payload_adapter if consumer else None
     operations.checked_payload(text, adapter)
     config = settings()
-    pool = await db.create_pool(config.database_url, min_size=1, max_size=2)
+    pool = await db.create_pool(config.database(database), min_size=1, max_size=2)
     try:
         entry = await _dead_key(pool, key, queue)
         async with operations.publisher(config.amqp_url) as sender:
@@ -358,6 +364,7 @@ async def export(
     until: UntilOption = None,
     search: SearchOption = None,
     limit: Annotated[int, typer.Option(min=1, help="At most this many messages.")] = 100_000,
+    database: DatabaseOption = None,
 ) -> None:
     """Export messages with payloads, headers and errors, oldest first.
 
@@ -366,7 +373,7 @@ async def export(
     if format_ != "jsonl":
         raise UserError(f"unknown format {format_!r}: only jsonl is supported")
     selection = _filter(status, queue, error, fingerprint, since, until, search, limit)
-    pool = await db.create_pool(settings().database_url, min_size=1, max_size=1)
+    pool = await db.create_pool(settings().database(database), min_size=1, max_size=1)
     try:
         if output is None:
             count = await operations.export(pool, selection, sys.stdout.write, actor=_actor())

@@ -8,6 +8,7 @@ import typer
 
 from rabbitretry import db
 from rabbitretry.cli.common import (
+    DatabaseOption,
     UserError,
     VerboseOption,
     configure_logging,
@@ -32,6 +33,7 @@ async def run(
         str, typer.Argument(help="The job as MODULE:NAME (a function decorated with @job).")
     ],
     verbose: VerboseOption = False,
+    database: DatabaseOption = None,
 ) -> None:
     """Run a job once. If it is already running elsewhere, say so and exit 0.
 
@@ -42,7 +44,7 @@ async def run(
     if not isinstance(found, Job):
         raise UserError(f"{target} is not a job: decorate it with @rabbitretry.jobs.job(every=...)")
     configure_logging(verbose)
-    pool = await db.create_pool(settings().database_url, min_size=2, max_size=4)
+    pool = await db.create_pool(settings().database(database), min_size=2, max_size=4)
     try:
         outcome = await run_job(pool, found)
     finally:

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from rabbitretry import db, retention
 from rabbitretry.cli.common import (
+    DatabaseOption,
     JsonOption,
     UserError,
     age,
@@ -26,13 +27,13 @@ app = typer.Typer(help="Inspect the ledger.", no_args_is_help=True)
 
 @app.command()
 @run_async
-async def stats(as_json: JsonOption = False) -> None:
+async def stats(as_json: JsonOption = False, database: DatabaseOption = None) -> None:
     """Messages per queue and status, with their attempts and the oldest.
 
     With --json: an array of {queue, status, messages, attempts, oldest} (oldest: when the
     oldest was first seen, ISO 8601), [] when the ledger is empty.
     """
-    pool = await db.create_pool(settings().database_url, min_size=1, max_size=1)
+    pool = await db.create_pool(settings().database(database), min_size=1, max_size=1)
     try:
         rows = await pool.fetch(query("ledger_stats"))
     finally:
@@ -71,6 +72,7 @@ async def prune(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Count what would be removed; remove nothing.")
     ] = False,
+    database: DatabaseOption = None,
 ) -> None:
     """Remove finished messages (succeeded, skipped, ignored), sent outbox rows, sent alerts and
     callback receipts.
@@ -84,7 +86,7 @@ async def prune(
     except ValueError as error:
         raise UserError(f"--older-than {older_than} is too short: {error}") from None
     before = datetime.now(UTC) - window
-    pool = await db.create_pool(settings().database_url, min_size=1, max_size=1)
+    pool = await db.create_pool(settings().database(database), min_size=1, max_size=1)
     try:
         if dry_run:
             found = await retention.prunable(pool, before)

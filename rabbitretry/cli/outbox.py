@@ -11,6 +11,7 @@ from rich.table import Table
 
 from rabbitretry import db
 from rabbitretry.cli.common import (
+    DatabaseOption,
     VerboseOption,
     age,
     configure_logging,
@@ -38,11 +39,12 @@ async def relay(
         int, typer.Option(min=1, help="Failed publishes before a row is marked failed.")
     ] = 10,
     verbose: VerboseOption = False,
+    database: DatabaseOption = None,
 ) -> None:
     """Publish pending outbox rows until SIGTERM or Ctrl-C (several relays may run at once)."""
     configure_logging(verbose)
     config = settings()
-    pool = await db.create_pool(config.database_url, min_size=2, max_size=3)
+    pool = await db.create_pool(config.database(database), min_size=2, max_size=3)
     try:
         worker = OutboxRelay(
             pool,
@@ -67,9 +69,10 @@ async def relay(
 @run_async
 async def status(
     limit: Annotated[int, typer.Option(min=1, help="Failed rows to list.")] = 20,
+    database: DatabaseOption = None,
 ) -> None:
     """Rows by status, and the failed ones with their last error (exit 1 if any failed)."""
-    pool = await db.create_pool(settings().database_url, min_size=1, max_size=1)
+    pool = await db.create_pool(settings().database(database), min_size=1, max_size=1)
     try:
         counts = await pool.fetch(query("outbox_stats"))
         failed = await pool.fetch(query("outbox_list_failed"), limit)
@@ -110,9 +113,10 @@ async def retry(
     row_id: Annotated[
         int | None, typer.Argument(help="One failed row's id; all when omitted.")
     ] = None,
+    database: DatabaseOption = None,
 ) -> None:
     """Give failed rows a fresh set of tries (after fixing their cause, e.g. a missing binding)."""
-    pool = await db.create_pool(settings().database_url, min_size=1, max_size=1)
+    pool = await db.create_pool(settings().database(database), min_size=1, max_size=1)
     try:
         rows = await pool.fetch(query("outbox_retry_failed"), row_id)
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from typing import Annotated, Any
 
@@ -11,6 +12,7 @@ from rich.table import Table
 
 from rabbitretry import db
 from rabbitretry.cli.common import (
+    DatabasesOption,
     UserError,
     VerboseOption,
     configure_logging,
@@ -24,6 +26,7 @@ from rabbitretry.consumer import Consumer
 from rabbitretry.operations import parse_rate
 from rabbitretry.reconciler import Reconciler, RunReport
 from rabbitretry.reconciliation import Reconciliation
+from rabbitretry.urls import mask_url
 
 TARGET_SHAPE = "MODULE:NAME (a Consumer class or a Reconciliation, e.g. myapp.orders:paid_orders)"
 
@@ -63,6 +66,7 @@ async def reconcile(
         ),
     ] = "200/s",
     verbose: VerboseOption = False,
+    database: DatabasesOption = None,
     as_json: Annotated[
         bool,
         typer.Option(
@@ -82,6 +86,10 @@ async def reconcile(
     Safe to run on several machines at once. --once exits 1 if anything failed or an
     orphan was found, so cron can alert on it.
 
+    Ledgers spread over several databases: each --database is reconciled (by default
+    RABBITRETRY_DATABASE_URL and the database_url of each consumer named), one reconciler
+    per database; a reconciliation runs in the database of its queue's consumer.
+
     With --json, every pass (one with --once, one per interval otherwise) is one line of
     JSON: the repair counts, errors, and per reconciliation window its counts with
     missing_keys (up to 1000) and orphan_examples.
@@ -92,34 +100,74 @@ async def reconcile(
     consumers, reconciliations = _load(targets or [])
     configure_logging(verbose)
     config = settings()
-    pool = await db.create_pool(config.database_url, min_size=1, max_size=2)
+    default = config.database_url if not database else None
     try:
-        reconciler = (_JsonReconciler if as_json else Reconciler)(
-            pool,
-            config.amqp_url,
-            consumers=consumers,
-            reconciliations=reconciliations,
-            batch_size=batch_size,
-            max_batches=max_batches,
-            publish_rate=per_second,
-            grace=grace,
-        )
+        shares = ledger_shares(config.databases(database), default, consumers, reconciliations)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    amqp_url = config.amqp_url
+    async with contextlib.AsyncExitStack() as stack:
+        reconcilers = []
+        for url, share in shares.items():
+            pool = await db.create_pool(url, min_size=1, max_size=2)
+            stack.push_async_callback(pool.close)
+            reconciler = (_JsonReconciler if as_json else Reconciler)(
+                pool,
+                amqp_url,
+                consumers=consumers,
+                reconciliations=share,
+                batch_size=batch_size,
+                max_batches=max_batches,
+                publish_rate=per_second,
+                grace=grace,
+            )
+            stack.push_async_callback(reconciler.close)
+            reconcilers.append(reconciler)
         if interval is not None:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, reconciler.stop)
-            await reconciler.run(interval)
+                for reconciler in reconcilers:
+                    loop.add_signal_handler(sig, reconciler.stop)
+            await asyncio.gather(*(r.run(interval) for r in reconcilers))
             return
-        try:
-            report = await reconciler.run_once()
-        finally:
-            await reconciler.close()
-    finally:
-        await pool.close()
-    if not as_json:
-        print_report(report)
-    if report.errors or report.orphaned:
+        reports = [await reconciler.run_once() for reconciler in reconcilers]
+    failed = False
+    for url, report in zip(shares, reports, strict=True):
+        if not as_json:
+            if len(shares) > 1:
+                out.print(f"[bold]{mask_url(url)}[/bold]", highlight=False)
+            print_report(report)
+        failed = failed or bool(report.errors or report.orphaned)
+    if failed:
         raise typer.Exit(1)
+
+
+def ledger_shares(
+    databases: list[str],
+    default: str | None,
+    consumers: list[type[Consumer[Any]]],
+    reconciliations: list[Reconciliation],
+) -> dict[str, list[Reconciliation]]:
+    """Each ledger database to reconcile, with the reconciliations that run in it.
+
+    ``default`` (the variable's database, when no --database was given) comes with the
+    databases the consumers name. A reconciliation runs in the database of its queue's
+    consumer (the default one when no consumer named handles its queue): only there does
+    the ledger hold that queue's keys; elsewhere all would look missing and be re-published.
+    """
+    if default is not None:
+        databases = list(dict.fromkeys([default, *(c.database_url or default for c in consumers)]))
+    home = dict((c.queue, c.database_url) for c in consumers if c.database_url)
+    shares: dict[str, list[Reconciliation]] = {url: [] for url in databases}
+    for reconciliation in reconciliations:
+        url = home.get(reconciliation.queue) or default or databases[0]
+        if url not in shares:
+            raise ValueError(
+                f"reconciliation {reconciliation.name!r} is for queue {reconciliation.queue!r}, "
+                f"whose ledger is in {mask_url(url)}: add --database for it"
+            )
+        shares[url].append(reconciliation)
+    return shares
 
 
 class _JsonReconciler(Reconciler):

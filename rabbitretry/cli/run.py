@@ -49,18 +49,32 @@ async def run(
         str,
         typer.Option(help="Interface the metrics port listens on; 0.0.0.0 for every one."),
     ] = "127.0.0.1",
+    database: Annotated[
+        str | None,
+        typer.Option(
+            "--database",
+            metavar="URL",
+            help="The ledger database of consumers that name no database_url of their own "
+            "(default: RABBITRETRY_DATABASE_URL).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Consume messages until SIGTERM or Ctrl-C.
 
     The ledger must be migrated (rabbitretry db migrate) and the topology declared
-    (rabbitretry topology declare, or pass --declare).
+    (rabbitretry topology declare, or pass --declare). A consumer whose class sets
+    database_url keeps its ledger in that database; the others in --database.
+    RABBITRETRY_AMQP_URL may list several nodes of a cluster, comma-separated: the worker
+    connects to the first that answers and fails over to the next.
     """
     configure_logging(verbose)
     config = settings()
+    ledger_database = config.database(database)
     worker = Worker(
         consumers=[load_consumer(target) for target in consumers],
         amqp_url=config.amqp_url,
-        database_url=config.database_url,
+        database_url=ledger_database,
         concurrency=concurrency,
         shutdown_timeout=shutdown_timeout,
         declare_topology=declare,
@@ -68,7 +82,7 @@ async def run(
     async with contextlib.AsyncExitStack() as stack:
         if metrics_port is not None:
             endpoint = worker_endpoint(
-                config.database_url, metrics_port, metrics_host, health=worker.health
+                ledger_database, metrics_port, metrics_host, health=worker.health
             )
             worker.on_outcome = (await stack.enter_async_context(endpoint)).observe
         await worker.run(install_signal_handlers=True)

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from rabbitretry import db, heartbeat, levels
-from rabbitretry.cli.common import out, parse_time, run_async, settings
+from rabbitretry.cli.common import DatabaseOption, out, parse_time, run_async, settings
 from rabbitretry.db import query
 from rabbitretry.slo import RETRIED_OVER, Breach, Report, Thresholds, evaluate
 
@@ -53,6 +53,7 @@ async def status(
         typer.Option(help="Only these queues (repeatable). Default: every queue in the ledger."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+    database: DatabaseOption = None,
 ) -> None:
     """Service levels per queue, judged against thresholds; exit 3 on a breach.
 
@@ -75,7 +76,7 @@ async def status(
         retried=max_retried,
         required_heartbeats=tuple(require_heartbeat or ()),
     )
-    pool = await db.create_pool(config.database_url, min_size=1, max_size=1)
+    pool = await db.create_pool(config.database(database), min_size=1, max_size=1)
     try:
         now: datetime = await pool.fetchval(query("status_now"))
         seconds = float(max(0, round((datetime.now(UTC) - since).total_seconds())))

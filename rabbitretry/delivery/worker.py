@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rabbitretry import amqp, db
+from rabbitretry import amqp, db, urls
 from rabbitretry.amqp import ConfirmingPublisher, IncomingMessage
 from rabbitretry.consumer import Consumer
 from rabbitretry.delivery.outage import OutageGate
@@ -52,7 +52,10 @@ class Worker:
     ``install_signal_handlers``).
 
     The ledger is reached through ``database_url``, or through an application's own asyncpg
-    ``pool`` on the same database (then ``ctx.transaction()`` uses that pool too).
+    ``pool`` on the same database (then ``ctx.transaction()`` uses that pool too). A consumer
+    whose class names a ``database_url`` of its own keeps its ledger (and its
+    ``ctx.transaction()``) in that database instead: one pool per database, each checked for
+    pending migrations and with an outage gate of its own.
     """
 
     consumers: Sequence[type[Consumer[Any]]]
@@ -140,14 +143,9 @@ class Worker:
 
     async def _run(self) -> None:
         async with contextlib.AsyncExitStack() as stack:
-            pool = await self._ledger_pool(stack)
-            async with pool.acquire() as conn:
-                pending = await db.pending_migrations(conn)
-            if pending:
-                raise ConfigurationError(
-                    f"the ledger schema is not up to date ({', '.join(pending)} pending): "
-                    "run `rabbitretry db migrate`"
-                )
+            pools = await self._ledger_pools(stack)
+            for database, pool in pools.items():
+                await _check_migrated(database, pool)
             consume_conn = await amqp.connect(
                 self.amqp_url, name=f"rabbitretry-consume {self.name}"
             )
@@ -172,16 +170,23 @@ class Worker:
             # One gate per service, shared by every slot: an outage is logged once, and all
             # slots pause until it ends.
             self._gates = gates = Gates(
-                ledger=OutageGate("ledger", AttemptLedger(pool).reconnect),
+                ledgers={
+                    database: OutageGate(_ledger_service(database), AttemptLedger(pool).reconnect)
+                    for database, pool in pools.items()
+                },
                 broker=OutageGate("broker", broker_probe(lambda: amqp.is_up(publish_conn))),
             )
-            stack.push_async_callback(gates.ledger.close)
+            for gate in gates.ledgers.values():
+                stack.push_async_callback(gate.close)
             stack.push_async_callback(gates.broker.close)
             cancel_consumers = []
             for instance in instances:
+                database = type(instance).database_url
                 for slot in range(self.concurrency):
                     cancel_consumers.append(
-                        await self._start_slot(instance, pool, consume_conn, publish_conn, slot)
+                        await self._start_slot(
+                            instance, pools[database], consume_conn, publish_conn, slot
+                        )
                     )
             self.started = True
             # What exists now (modules, connections, consumers) lives as long as the worker:
@@ -189,10 +194,11 @@ class Worker:
             # tens of milliseconds in the middle of deliveries.
             gc.freeze()
             log.info(
-                "worker %s consuming %s with concurrency %d",
+                "worker %s consuming %s with concurrency %d from %s",
                 self.name,
                 ", ".join(c.queue for c in self.consumers),
                 self.concurrency,
+                amqp.node_url(consume_conn),
             )
             await self._stopping.wait()
             log.info("worker %s stopping: no new deliveries, finishing in-flight work", self.name)
@@ -205,16 +211,23 @@ class Worker:
             await self._drain()
             log.info("worker %s stopped", self.name)
 
-    async def _ledger_pool(self, stack: contextlib.AsyncExitStack) -> db.Pool:
-        if self.pool is not None:
-            return self.pool
-        if self.database_url is None:
-            raise ConfigurationError("a Worker needs a database_url or a pool")
-        # Per in-flight attempt: one connection for the ledger, one for ctx.transaction().
-        slots = self.concurrency * len(self.consumers)
-        pool = await db.create_pool(self.database_url, min_size=1, max_size=2 * slots + 2)
-        stack.push_async_callback(pool.close)
-        return pool
+    async def _ledger_pools(self, stack: contextlib.AsyncExitStack) -> dict[str | None, db.Pool]:
+        """A pool per ledger database, keyed by the consumers' ``database_url`` (None: the
+        worker's own ``pool`` or ``database_url``)."""
+        pools: dict[str | None, db.Pool] = {}
+        for database in dict.fromkeys(c.database_url for c in self.consumers):
+            if database is None and self.pool is not None:
+                pools[None] = self.pool
+                continue
+            url = database or self.database_url
+            if url is None:
+                raise ConfigurationError("a Worker needs a database_url or a pool")
+            # Per in-flight attempt: one connection for the ledger, one for ctx.transaction().
+            slots = self.concurrency * sum(c.database_url == database for c in self.consumers)
+            pool = await db.create_pool(url, min_size=1, max_size=2 * slots + 2)
+            stack.push_async_callback(pool.close)
+            pools[database] = pool
+        return pools
 
     async def _start_slot(
         self,
@@ -237,7 +250,7 @@ class Worker:
             pool,
             publisher,
             f"{self.name}:{slot}",
-            ledger_gate=self._gates.ledger,
+            ledger_gate=self._gates.ledgers[type(consumer).database_url],
             broker_gate=self._gates.broker,
         )
 
@@ -268,6 +281,14 @@ class Worker:
 
         return cancel
 
+    @property
+    def consuming_node(self) -> str | None:
+        """The URL (password masked) of the node the consumers are connected to, or were last:
+        with several URLs, the one that answered, then the one failed over to."""
+        if not self._connections:
+            return None
+        return amqp.node_url(self._connections[0])
+
     def health(self) -> Health:
         """The worker's own view of its health, without I/O (``/healthz`` adds a database
         query): the broker connections, the outage gates, and the consumers."""
@@ -279,8 +300,9 @@ class Worker:
             broker = "the connection to RabbitMQ is down; reconnecting"
         elif gates is not None and not gates.broker.is_open:
             broker = "RabbitMQ is unreachable; deliveries paused"
-        if gates is not None and not gates.ledger.is_open:
-            ledger = "the ledger is unreachable; deliveries paused"
+        closed = [] if gates is None else [g for g in gates.ledgers.values() if not g.is_open]
+        if closed:
+            ledger = f"the {closed[0].service} is unreachable; deliveries paused"
         if not self.started:
             consumers = "not started"
         elif self._stopping.is_set():
@@ -340,8 +362,25 @@ class Health:
 
 @dataclass(frozen=True)
 class Gates:
-    ledger: OutageGate
+    ledgers: dict[str | None, OutageGate]
+    """One per ledger database, keyed as the worker's pools are."""
     broker: OutageGate
+
+
+def _ledger_service(database: str | None) -> str:
+    """The name an outage gate logs: the ledger, or the ledger in a consumer's database."""
+    return "ledger" if database is None else f"ledger at {urls.mask_url(database)}"
+
+
+async def _check_migrated(database: str | None, pool: db.Pool) -> None:
+    async with pool.acquire() as conn:
+        pending = await db.pending_migrations(conn)
+    if pending:
+        where = "" if database is None else f" at {urls.mask_url(database)}"
+        raise ConfigurationError(
+            f"the ledger schema{where} is not up to date ({', '.join(pending)} pending): "
+            "run `rabbitretry db migrate`"
+        )
 
 
 async def _close(connection: amqp.Connection) -> None:

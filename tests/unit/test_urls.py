@@ -10,10 +10,12 @@ from rabbitretry.errors import ConfigurationError
 from rabbitretry.urls import (
     Endpoint,
     check_amqp_url,
+    check_amqp_urls,
     check_database_url,
     mask_url,
     password_of,
     scrub,
+    split_urls,
 )
 
 # --- mask_url: total ---------------------------------------------------------------------
@@ -122,7 +124,11 @@ SHAPE = "; expected amqp://USER:PASSWORD@HOST:PORT/VHOST"
         ("amqp://h:1:2/", "X (amqp://h:1:2/) has a malformed host and port 'h:1:2'"),
         ("amqp://[::1/", "X (amqp://[::1/) has a malformed IPv6 host '[::1'"),
         ("amqp://h /", "X (amqp://h /) contains whitespace"),
-        ("amqp://h1,h2/", "X (amqp://h1,h2/) has a malformed host and port 'h1,h2'"),
+        (
+            "amqp://h1,h2/",
+            "X (amqp://h1,h2/) has a comma in its host 'h1,h2': write each node as a URL of "
+            "its own, the URLs separated by commas",
+        ),
         ("amqp://u:pa/ss@h/", "X (amqp://u:***@h/) has port 'pa', which is not a number"),
     ],
 )
@@ -211,3 +217,39 @@ def test_no_module_interpolates_a_raw_url() -> None:
         if any(name in line for name in ("url}", "url!r}", "url!s}"))
     ]
     assert offenders == []
+
+
+# --- several AMQP URLs (a cluster's nodes) ------------------------------------------------
+
+
+def test_a_list_of_urls_is_split_before_each_scheme_only() -> None:
+    assert split_urls("amqp://a:5701/,amqp://b:5702/") == ["amqp://a:5701/", "amqp://b:5702/"]
+    assert split_urls("amqp://a/ , AMQPS://b/") == ["amqp://a/", "AMQPS://b/"]
+    # A comma in a password is not a separator.
+    assert split_urls("amqp://u:p,w@h/") == ["amqp://u:p,w@h/"]
+    assert split_urls("amqp://h/") == ["amqp://h/"]
+
+
+def test_each_url_of_a_list_is_checked() -> None:
+    assert check_amqp_urls("amqp://u:p@a:5701/v,amqp://u:p@b:5702/v") == [
+        Endpoint("amqp", "a:5701", "u", "v"),
+        Endpoint("amqp", "b:5702", "u", "v"),
+    ]
+    with pytest.raises(ConfigurationError) as raised:
+        check_amqp_urls("amqp://u:s3cret@a/,amqp://u:s3cret@b:x/", "X")
+    assert str(raised.value) == "X (amqp://u:***@b:x/) has port 'x', which is not a number" + SHAPE
+
+
+def test_a_trailing_comma_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match=r"has a comma in its host 'a,'"):
+        check_amqp_urls("amqp://a,", "X")
+
+
+def test_every_password_of_a_list_is_masked_and_scrubbed() -> None:
+    both = "amqp://u:s3cret1@a:5701/,amqp://v:s3cret2@b:5702/"
+    assert mask_url(both) == "amqp://u:***@a:5701/,amqp://v:***@b:5702/"
+    assert scrub(f"failed: {both}; s3cret2", both) == f"failed: {mask_url(both)}; ***"
+    # A password that looks like the start of another URL is still masked.
+    assert "pw" not in mask_url("amqp://u:pw,x://@h/")
+    # A PostgreSQL host list is one URL, not several.
+    assert mask_url("postgresql://u:pw@h1:1,h2:2/db") == "postgresql://u:***@h1:1,h2:2/db"
