@@ -69,20 +69,24 @@ def rabbitmqctl(node: str, *args: str, timeout: float = START_TIMEOUT) -> str:
     return done.stdout
 
 
-def quorum_queue(nodes: list[Node], queue: str) -> dict[str, object]:
-    """``name``, ``leader``, ``members`` and ``online`` of a quorum queue, asked of the first
-    node whose application answers."""
+def quorum_queues(nodes: list[Node]) -> dict[str, dict[str, object]]:
+    """Every queue's ``name``, ``type``, ``leader``, ``members`` and ``online``, by name, asked
+    of the first node whose application answers."""
     for node in nodes:
         if not port_open(node.port):
             continue
         columns = ("name", "type", "leader", "members", "online")
         listed = rabbitmqctl(node.name, "list_queues", *columns, "--formatter", "json", timeout=30)
-        rows = json.loads(listed)
-        for row in rows:
-            if row["name"] == queue:
-                return dict(row)
-        raise LookupError(f"queue {queue!r} not found on {node.name}")
+        return {row["name"]: dict(row) for row in json.loads(listed)}
     raise LookupError("no node of the cluster answers")
+
+
+def quorum_queue(nodes: list[Node], queue: str) -> dict[str, object]:
+    """One queue's entry of :func:`quorum_queues`."""
+    found = quorum_queues(nodes)
+    if queue not in found:
+        raise LookupError(f"queue {queue!r} not found on the cluster")
+    return found[queue]
 
 
 def leader_of(nodes: list[Node], queue: str) -> Node:
