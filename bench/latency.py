@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -38,9 +39,13 @@ async def start_worker(
     mode: str,
     variant: str = "C",
     expect: int | None = None,
+    amqp_url: str | None = None,
+    queue_type: str = "classic",
 ) -> asyncio.subprocess.Process:
-    """A consumer process, once it consumes (it said ``ready``)."""
+    """A consumer process, once it consumes (it said ``ready``); ``amqp_url`` overrides
+    ``RABBITRETRY_AMQP_URL`` for it."""
     more = ["--expect", str(expect)] if expect is not None else []
+    env = {**os.environ, "RABBITRETRY_AMQP_URL": amqp_url} if amqp_url else None
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -53,8 +58,11 @@ async def start_worker(
         str(concurrency),
         "--mode",
         mode,
+        "--queue-type",
+        queue_type,
         *more,
         stdout=asyncio.subprocess.PIPE,
+        env=env,
     )
     assert process.stdout is not None
     try:

@@ -142,9 +142,14 @@ async def run_naive(database_url: str, concurrency: int, messages: int, warmup: 
         await connection.close()
 
 
-def noop_consumer(queue_name: str, clock: Clock | None = None) -> type[Consumer[Any]]:
+def noop_consumer(
+    queue_name: str, clock: Clock | None = None, queue_type: str = "classic"
+) -> type[Consumer[Any]]:
+    queue_kind = queue_type
+
     class BenchNoop(Consumer[dict[str, Any]]):
         queue = queue_name
+        queue_type = queue_kind  # type: ignore[assignment]
 
         async def handle(self, msg: dict[str, Any], ctx: Context) -> None:
             if clock is not None:

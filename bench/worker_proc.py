@@ -67,9 +67,10 @@ class Tally:
         )
 
 
-def consumer_for(queue_name: str, mode: str) -> type[Consumer[Any]]:
+def consumer_for(queue_name: str, mode: str, queue_kind: str) -> type[Consumer[Any]]:
     class BenchConsumer(Consumer[dict[str, Any]]):
         queue = queue_name
+        queue_type = queue_kind  # type: ignore[assignment]
         retry = RetryPolicy(max_attempts=3, max_delay=3600)
 
         async def handle(self, msg: dict[str, Any], ctx: Context) -> None:
@@ -80,7 +81,7 @@ def consumer_for(queue_name: str, mode: str) -> type[Consumer[Any]]:
 
 
 async def run_rabbitretry(
-    queue: str, database_url: str, concurrency: int, mode: str, tally: Tally
+    queue: str, database_url: str, concurrency: int, mode: str, queue_type: str, tally: Tally
 ) -> None:
     class TimedPipeline(Pipeline):
         """Notes, for each delivery, the time from its publish to its ack."""
@@ -95,7 +96,7 @@ async def run_rabbitretry(
 
     rabbitretry.delivery.worker.Pipeline = TimedPipeline  # type: ignore[misc]
     worker = rabbitretry.delivery.worker.Worker(
-        consumers=[consumer_for(queue, mode)],
+        consumers=[consumer_for(queue, mode, queue_type)],
         amqp_url=AMQP_URL,
         database_url=database_url,
         concurrency=concurrency,
@@ -153,7 +154,9 @@ async def main(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.ERROR)  # the retries a benchmark asks for are no news
     tally = Tally(args.expect)
     if args.variant == "C":
-        await run_rabbitretry(args.queue, args.database_url, args.concurrency, args.mode, tally)
+        await run_rabbitretry(
+            args.queue, args.database_url, args.concurrency, args.mode, args.queue_type, tally
+        )
     else:
         naive = args.variant == "B"
         await run_raw(args.queue, args.database_url, args.concurrency, naive, tally)
@@ -168,5 +171,6 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--mode", choices=["latency", "retry"], default="latency")
     parser.add_argument("--expect", type=int, help="stop after this many handled messages")
+    parser.add_argument("--queue-type", choices=["classic", "quorum"], default="classic")
     asyncio.run(main(parser.parse_args()))
     sys.exit(0)
