@@ -39,6 +39,12 @@ def filter_from(params: Mapping[str, str], *, limit: int = 200) -> Filter:
     )
 
 
+def refuse_nul(*values: str) -> None:
+    """Refuse a value holding a NUL: PostgreSQL text cannot, so it could match nothing."""
+    if any("\x00" in value for value in values):
+        raise OperationError("a NUL character (\\x00) cannot be part of a filter or a key")
+
+
 def key_value(queue: str, message_id: str) -> str:
     """A key as one form value (queue names may contain '/', so JSON)."""
     return json.dumps([queue, message_id])
@@ -49,6 +55,7 @@ def key_from(value: str) -> Key:
         queue, message_id = json.loads(value)
     except (ValueError, TypeError):
         raise OperationError("a selected message could not be read; reload the page") from None
+    refuse_nul(str(queue), str(message_id))
     return Key(str(queue), str(message_id))
 
 

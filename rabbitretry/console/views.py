@@ -13,23 +13,24 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from rabbitretry import ledger, metrics, operations
-from rabbitretry.console import forms, security
+from rabbitretry import db, ledger, metrics, operations
+from rabbitretry.console import display, forms, security
 from rabbitretry.console.app import (
     actor_of,
     config_of,
+    failed_login,
     jobs_of,
     pool_of,
     posted,
     refuse_cross_site,
+    refuse_throttled,
     render,
+    revoke,
+    session_of,
     set_session_cookie,
 )
 from rabbitretry.console.jobs import Job
 from rabbitretry.operations import OperationError, Progress, ReplayReport
-
-CANARY_TIMEOUT = 60.0
-
 
 # ---------------------------------------------------------------- login
 
@@ -55,14 +56,20 @@ def _login_form(request: Request, error: str = "", status_code: int = 200) -> Re
 
 async def login(request: Request) -> Response:
     refuse_cross_site(request)
+    refuse_throttled(request)
     form = await request.form()
     user, password, token, name = (
         str(form.get(k) or "").strip() for k in ("user", "password", "token", "name")
     )
     config = config_of(request)
     if not config.auth.check_login(user, password, token):
+        failed_login(request, user or "token")
         return _login_form(request, "wrong credentials", 401)
     who = user if user and not token else (name or "token")
+    if len(who) > security.MAX_NAME:
+        return _login_form(
+            request, f"the name is too long (at most {security.MAX_NAME} characters)", 400
+        )
     response = RedirectResponse(_local(str(form.get("next") or "")), status_code=303)
     set_session_cookie(response, security.new_session(who), config, request)
     return response
@@ -70,6 +77,9 @@ async def login(request: Request) -> Response:
 
 async def logout(request: Request) -> Response:
     await posted(request)
+    session = session_of(request)
+    if session.issued:  # a cookie's session; one from an Authorization header has no end
+        await revoke(pool_of(request), session)
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(security.SESSION_COOKIE)
     return response
@@ -131,7 +141,7 @@ async def _message_page(
     if row is None:
         raise HTTPException(404, f"no message {key} in the ledger")
     attempts, audit = await operations.history(pool, key)
-    payload = operations.payload_text(bytes(row["payload"]))
+    payload = display.payload(bytes(row["payload"]))
     return render(
         request,
         "message.html",
@@ -141,7 +151,7 @@ async def _message_page(
         attempts=attempts,
         audit=audit,
         payload=payload,
-        draft=payload if draft is None else draft,
+        draft=(payload.text or "") if draft is None else draft,
         headers=json.dumps(json.loads(row["headers"]), indent=2, sort_keys=True),
         properties=json.dumps(json.loads(row["properties"]), indent=2, sort_keys=True),
         has_model=key.queue in config_of(request).models,
@@ -151,14 +161,21 @@ async def _message_page(
 
 
 async def audit(request: Request) -> Response:
-    rows = await operations.recent_audit(pool_of(request), limit=200)
-    return render(request, "audit.html", rows=rows, jobs=jobs_of(request).recent())
+    every_row = request.query_params.get("each") == "1"
+    rows = await pool_of(request).fetch(db.query("console_audit_operations"), 200, every_row)
+    return render(
+        request,
+        "audit.html",
+        rows=[{**r, "detail": json.loads(r["detail"])} for r in rows],
+        every_row=every_row,
+        jobs=await jobs_of(request).recent(),
+    )
 
 
 async def job(request: Request) -> Response:
-    found = jobs_of(request).get(request.path_params["job_id"])
+    found = await jobs_of(request).get(request.path_params["job_id"])
     if found is None:
-        raise HTTPException(404, "no such job (jobs are kept until the console restarts)")
+        raise HTTPException(404, "no such replay")
     return render(request, "job.html", job=found)
 
 
@@ -179,7 +196,9 @@ async def replay(request: Request) -> Response:
         return _to_message(keys[0], "retried" if done.replayed else "not-dead")
     targets = await operations.replay_targets(pool, keys=keys)
     title = f"retry {len(keys)} selected message(s)"
-    return _start(request, title, targets, rate=rate, canary=canary, what={"selected": len(keys)})
+    return await _start(
+        request, title, targets, rate=rate, canary=canary, what={"selected": len(keys)}
+    )
 
 
 async def replay_group(request: Request) -> Response:
@@ -192,7 +211,7 @@ async def replay_group(request: Request) -> Response:
     targets = await operations.replay_targets(
         pool_of(request), queue=queue, fingerprint=fingerprint, before=before
     )
-    return _start(
+    return await _start(
         request,
         f"retry group {fingerprint}" + (f" up to {before:%Y-%m-%d %H:%M:%S %Z}" if before else ""),
         targets,
@@ -202,7 +221,7 @@ async def replay_group(request: Request) -> Response:
     )
 
 
-def _start(
+async def _start(
     request: Request,
     title: str,
     targets: list[ledger.Key],
@@ -213,11 +232,10 @@ def _start(
 ) -> Response:
     if not targets:
         raise OperationError("no dead letters match: nothing to retry")
-    pool, amqp_url, actor = pool_of(request), config_of(request).amqp_url, actor_of(request)
-    description = {**what, "from": "console"}
+    pool, config, actor = pool_of(request), config_of(request), actor_of(request)
 
-    async def run(progress: Progress) -> ReplayReport:
-        async with operations.publisher(amqp_url) as sender:
+    async def run(job_id: str, progress: Progress) -> ReplayReport:
+        async with operations.publisher(config.amqp_url) as sender:
             return await operations.replay(
                 pool,
                 sender,
@@ -225,12 +243,13 @@ def _start(
                 actor=actor,
                 rate=rate,
                 canary=canary,
-                canary_timeout=CANARY_TIMEOUT,
-                description=description,
+                canary_timeout=config.canary_timeout,
+                description={**what, "from": "console", "job": job_id},
                 on_progress=progress,
+                batch=job_id,
             )
 
-    started: Job = jobs_of(request).start(title, actor, len(targets), run)
+    started: Job = await jobs_of(request).start(title, actor, len(targets), run)
     return RedirectResponse(f"/jobs/{started.id}", status_code=303)
 
 

@@ -45,7 +45,8 @@ LIMIT $8;
 
 -- name: operations_replay_targets
 -- Dead letters a replay applies to, oldest death first: $1 keys as "queue/message_id" text
--- (NULL: any), $2 queue, $3 fingerprint, $4 error type or reason, $5 died at or before.
+-- (NULL: any), $2 queue, $3 fingerprint, $4 error type or reason, $5 died at or before,
+-- $6 at most this many (NULL: all of them, whatever their number).
 SELECT queue, message_id, error_fingerprint, finished_at
 FROM rabbitretry.ledger
 WHERE status = 'dead'
@@ -73,8 +74,10 @@ UPDATE rabbitretry.ledger SET payload = $3, updated_at = now()
 WHERE queue = $1 AND message_id = $2 AND status = 'dead';
 
 -- name: operations_audit
-INSERT INTO rabbitretry.audit (actor, action, queue, message_id, detail, messages, comment)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+-- $8: the replay of many messages this row is one message of (NULL: an operation of its own).
+INSERT INTO rabbitretry.audit (actor, action, queue, message_id, detail, messages, comment,
+                               batch)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 RETURNING id;
 
 -- name: operations_recent_audit

@@ -30,6 +30,11 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
             {"RABBITRETRY_DATABASE_URL": "postgresql://u:s3cret@127.0.0.1:1/x"},
             "cannot connect to PostgreSQL at postgresql://u:***@127.0.0.1:1/x",
         ),
+        (
+            ["--no-auth"],
+            {"RABBITRETRY_AMQP_URL": "amqp://guest:s3cret@127.0.0.1:1/"},
+            "cannot connect to RabbitMQ at amqp://guest:***@127.0.0.1:1/",
+        ),
     ],
 )
 async def test_unsafe_starts_are_refused(
