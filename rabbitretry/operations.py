@@ -28,7 +28,7 @@ from typing import Any
 import pydantic
 
 from rabbitretry import amqp, deadletters, ledger
-from rabbitretry.db import Pool, Record, query
+from rabbitretry.db import Connection, Pool, Record, query
 from rabbitretry.errors import RabbitRetryError
 
 STATUSES = ("dead", "retrying", "ignored")
@@ -396,6 +396,70 @@ async def ignore(pool: Pool, key: ledger.Key, *, actor: str, comment: str) -> bo
             None,
         )
     return True
+
+
+async def ignore_many(
+    pool: Pool,
+    keys: Sequence[ledger.Key],
+    *,
+    actor: str,
+    comment: str,
+    description: dict[str, Any] | None = None,
+) -> tuple[str, int]:
+    """Mark the dead letters among ``keys`` ``ignored``, in one transaction; the batch that
+    names them in the audit (for :func:`unignore`) and how many were ignored."""
+    if not comment.strip():
+        raise OperationError("say why they are ignored: a comment is required")
+    batch = secrets.token_hex(6)
+    async with pool.acquire() as conn, conn.transaction():
+        status = await conn.execute(
+            query("operations_ignore_many"),
+            [k.queue for k in keys],
+            [k.message_id for k in keys],
+            actor,
+            comment.strip(),
+            batch,
+        )
+        ignored = int(status.split()[-1])
+        await _audit_batch(conn, actor, "ignore-batch", keys, ignored, comment, description, batch)
+    return batch, ignored
+
+
+async def unignore(pool: Pool, batch: str, *, actor: str, comment: str | None = None) -> int:
+    """Undo an :func:`ignore_many`: its messages still ignored are dead again; how many."""
+    undo = secrets.token_hex(6)
+    async with pool.acquire() as conn, conn.transaction():
+        status = await conn.execute(
+            query("operations_unignore_batch"), batch, actor, comment or None, undo
+        )
+        undone = int(status.split()[-1])
+        await _audit_batch(
+            conn, actor, "unignore-batch", (), undone, comment, {"undoes": batch}, undo
+        )
+    return undone
+
+
+async def _audit_batch(
+    conn: Connection,
+    actor: str,
+    action: str,
+    keys: Sequence[ledger.Key],
+    messages: int,
+    comment: str | None,
+    detail: dict[str, Any] | None,
+    batch: str,
+) -> None:
+    await conn.execute(
+        query("operations_audit"),
+        actor,
+        action,
+        _one_queue(keys) if keys else (detail or {}).get("queue"),
+        None,
+        json.dumps(detail or {}, default=str),
+        messages,
+        (comment or "").strip() or None,
+        batch,
+    )
 
 
 async def edit_and_replay(

@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 
 from rabbitretry import db, urls
-from rabbitretry.console import display, forms, security
+from rabbitretry.console import display, forms, listing, security
 from rabbitretry.console.forms import key_value
 from rabbitretry.console.jobs import Jobs
 from rabbitretry.console.security import Auth, Session, Throttle
@@ -55,6 +55,8 @@ NOTICES = {
     "ignored": "Ignored: it will not be retried or replayed.",
     "edited": "Payload saved; the message was edited and retried.",
     "not-dead": "Nothing done: the message is no longer dead.",
+    "ignored-many": "Ignored {count} dead letter(s); Undo below puts them back.",
+    "unignored": "Undone: {count} message(s) are dead letters again.",
 }
 
 
@@ -81,6 +83,7 @@ _templates = jinja2.Environment(
 )
 _templates.globals["key_value"] = key_value
 _templates.filters["verbatim"] = display.verbatim
+_templates.globals["link"] = listing.link
 _templates.filters["q"] = lambda text: quote(str(text), safe="")
 
 
@@ -122,10 +125,17 @@ def render(request: Request, template: str, status_code: int = 200, **context: A
         csrf=security.csrf_token(session, config.secret) if session else "",
         database=mask_url(config.database_url),
         broker=mask_url(config.amqp_url),
-        notice=NOTICES.get(request.query_params.get("notice", ""), ""),
+        notice=notice_of(request),
         **context,
     )
     return HTMLResponse(html, status_code=status_code)
+
+
+def notice_of(request: Request) -> str:
+    """The announcement a redirect asked for: a fixed text, with at most a number in it."""
+    count = request.query_params.get("count", "")
+    text = NOTICES.get(request.query_params.get("notice", ""), "")
+    return text.format(count=f"{int(count):,}" if count.isdigit() else "some")
 
 
 def refuse_cross_site(request: Request) -> None:

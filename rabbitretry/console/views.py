@@ -14,7 +14,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from rabbitretry import db, ledger, metrics, operations
-from rabbitretry.console import display, forms, security
+from rabbitretry.console import display, forms, listing, security
 from rabbitretry.console.app import (
     actor_of,
     config_of,
@@ -31,6 +31,10 @@ from rabbitretry.console.app import (
 )
 from rabbitretry.console.jobs import Job
 from rabbitretry.operations import OperationError, Progress, ReplayReport
+
+REFRESH_SECONDS = ("30", "60", "300")  # the auto-refresh a list may ask for
+EXPORT_LIMIT = 1_000_000
+
 
 # ---------------------------------------------------------------- login
 
@@ -101,26 +105,24 @@ async def home(request: Request) -> Response:
 
 async def messages(request: Request) -> Response:
     params = _params(request)
-    selection = forms.filter_from(params)
-    rows = await operations.list_messages(pool_of(request), selection)
-    return render(
-        request,
-        "messages.html",
-        rows=rows,
-        params=params,
-        statuses=(*operations.STATUSES, "all"),
-        limit=selection.limit,
-        now=datetime.now(UTC),
-    )
+    order = listing.order_from(params, listing.MESSAGE_COLUMNS, "changed")
+    page = await listing.messages(pool_of(request), forms.filter_from(params), order)
+    return _list_page(request, "messages.html", params, page)
 
 
 async def groups(request: Request) -> Response:
     params = _params(request)
-    rows = await operations.groups(pool_of(request), forms.filter_from(params))
+    order = listing.order_from(params, listing.GROUP_COLUMNS, "messages")
+    page = await listing.groups(pool_of(request), forms.filter_from(params), order)
+    return _list_page(request, "groups.html", params, page)
+
+
+def _list_page(request: Request, template: str, params: dict[str, str], page: Any) -> Response:
     return render(
         request,
-        "groups.html",
-        rows=rows,
+        template,
+        page=page,
+        rows=page.rows,
         params=params,
         statuses=(*operations.STATUSES, "all"),
         cutoff=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S"),
@@ -201,24 +203,50 @@ async def replay(request: Request) -> Response:
     )
 
 
-async def replay_group(request: Request) -> Response:
-    form = await posted(request)
-    fingerprint = str(form.get("fingerprint") or "")
-    queue = str(form.get("queue") or "") or None
-    if not fingerprint:
-        raise OperationError("say which group to retry")
-    before = forms.moment(str(form.get("before") or ""))
-    targets = await operations.replay_targets(
-        pool_of(request), queue=queue, fingerprint=fingerprint, before=before
+async def confirm(request: Request) -> Response:
+    """What a bulk action will touch, before it is done: the count, and a button to do it."""
+    bulk = forms.bulk_from(await _posted_fields(request), datetime.now(UTC))
+    targets = await listing.dead_matching(pool_of(request), bulk.selection, bulk.before)
+    if not targets:
+        raise OperationError("no dead letters match: nothing to do")
+    return render(
+        request, "confirm.html", bulk=bulk, count=len(targets), title=bulk.title(len(targets))
     )
-    return await _start(
-        request,
-        f"retry group {fingerprint}" + (f" up to {before:%Y-%m-%d %H:%M:%S %Z}" if before else ""),
+
+
+async def bulk(request: Request) -> Response:
+    bulk = forms.bulk_from(await _posted_fields(request), datetime.now(UTC))
+    pairs = await listing.dead_matching(pool_of(request), bulk.selection, bulk.before)
+    targets = [ledger.Key(queue, message_id) for queue, message_id in pairs]
+    if bulk.action == "retry":
+        return await _start(
+            request,
+            bulk.title(len(targets)),
+            targets,
+            rate=bulk.rate,
+            canary=bulk.canary,
+            what=bulk.describe(),
+        )
+    _, ignored = await operations.ignore_many(
+        pool_of(request),
         targets,
-        rate=forms.rate_from(str(form.get("rate") or "")),
-        canary=form.get("canary") == "on",
-        what={"group": fingerprint, "queue": queue, "before": before},
+        actor=actor_of(request),
+        comment=bulk.comment,
+        description=bulk.describe(),
     )
+    return RedirectResponse(f"/audit?notice=ignored-many&count={ignored}", status_code=303)
+
+
+async def unignore(request: Request) -> Response:
+    form = await posted(request)
+    batch = str(form.get("batch") or "")
+    undone = await operations.unignore(pool_of(request), batch, actor=actor_of(request))
+    return RedirectResponse(f"/audit?notice=unignored&count={undone}", status_code=303)
+
+
+async def _posted_fields(request: Request) -> dict[str, str]:
+    form = await posted(request)
+    return {k: v for k, v in form.items() if isinstance(v, str)}
 
 
 async def _start(
@@ -289,7 +317,25 @@ def _to_message(key: ledger.Key, notice: str) -> Response:
 
 
 def _params(request: Request) -> dict[str, str]:
-    return {name: request.query_params.get(name, "") for name in forms.FILTER_FIELDS}
+    names = (*forms.FILTER_FIELDS, *listing.PAGING_FIELDS, "refresh")
+    params = {name: request.query_params.get(name, "") for name in names}
+    if params["refresh"] and params["refresh"] not in REFRESH_SECONDS:
+        # It goes into a meta refresh: a number it must be, never "0; url=...".
+        raise OperationError(f"refresh must be one of {', '.join(REFRESH_SECONDS)} seconds")
+    return params
+
+
+async def export(request: Request) -> Response:
+    """The messages the list's filters match, as JSON lines (``dead export``'s format)."""
+    selection = forms.filter_from(_params(request), limit=EXPORT_LIMIT)
+    lines: list[str] = []
+    await operations.export(pool_of(request), selection, lines.append, actor=actor_of(request))
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    return Response(
+        "".join(lines),
+        media_type="application/x-ndjson",
+        headers={"Content-Disposition": f'attachment; filename="rabbitretry-{stamp}.jsonl"'},
+    )
 
 
 async def prometheus(request: Request) -> Response:
@@ -310,8 +356,11 @@ def routes() -> list[Route | Mount]:
         Route("/audit", audit),
         Route("/jobs/{job_id}", job),
         Route("/metrics", prometheus),
+        Route("/export.jsonl", export),
         Route("/actions/replay", replay, methods=["POST"]),
-        Route("/actions/replay-group", replay_group, methods=["POST"]),
+        Route("/actions/confirm", confirm, methods=["POST"]),
+        Route("/actions/bulk", bulk, methods=["POST"]),
+        Route("/actions/unignore", unignore, methods=["POST"]),
         Route("/actions/ignore", ignore, methods=["POST"]),
         Route("/actions/edit", edit, methods=["POST"]),
         Mount("/static", StaticFiles(packages=[("rabbitretry.console", "static")]), name="static"),

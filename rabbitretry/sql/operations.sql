@@ -101,3 +101,42 @@ WHERE status = ANY($1::text[])
        OR strpos(lower(coalesce(error_message, '')), lower($7)) > 0)
 ORDER BY coalesce(finished_at, updated_at), queue, message_id
 LIMIT $8;
+
+-- name: operations_ignore_many
+-- Dead letters ($1 queues, $2 keys, pairwise) no one will retry, in one statement: each gets
+-- an audit row of batch $5 that keeps when it died, so the batch can be undone.
+WITH chosen AS (
+    SELECT l.queue, l.message_id, l.finished_at
+    FROM rabbitretry.ledger l
+    JOIN unnest($1::text[], $2::text[]) AS k (queue, message_id)
+      ON l.queue = k.queue AND l.message_id = k.message_id
+    WHERE l.status = 'dead'
+    FOR UPDATE OF l
+), ignored AS (
+    UPDATE rabbitretry.ledger l
+    SET status = 'ignored', next_retry_at = NULL, lease_until = NULL,
+        finished_at = now(), updated_at = now()
+    FROM chosen c
+    WHERE l.queue = c.queue AND l.message_id = c.message_id
+    RETURNING l.queue, l.message_id, c.finished_at AS died_at
+)
+INSERT INTO rabbitretry.audit (actor, action, queue, message_id, detail, messages, comment, batch)
+SELECT $3, 'ignore', queue, message_id,
+       jsonb_build_object('status_before', 'dead', 'died_at', died_at), 1, $4, $5
+FROM ignored;
+
+-- name: operations_unignore_batch
+-- Undo of batch $1: its messages still ignored are dead again (with their time of death),
+-- each with an audit row of batch $4 (actor $2, comment $3).
+WITH undone AS (
+    UPDATE rabbitretry.ledger l
+    SET status = 'dead', finished_at = coalesce((a.detail ->> 'died_at')::timestamptz, now()),
+        updated_at = now()
+    FROM rabbitretry.audit a
+    WHERE a.batch = $1 AND a.action = 'ignore'
+      AND l.queue = a.queue AND l.message_id = a.message_id AND l.status = 'ignored'
+    RETURNING l.queue, l.message_id
+)
+INSERT INTO rabbitretry.audit (actor, action, queue, message_id, detail, messages, comment, batch)
+SELECT $2, 'unignore', queue, message_id, jsonb_build_object('undoes', $1::text), 1, $3, $4
+FROM undone;

@@ -4,6 +4,7 @@ payloads, and replays a restart must not lose."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
@@ -215,9 +216,10 @@ async def test_replays_are_kept_in_the_ledger_and_audited_by_group(
     async with console_client(config) as first:
         await log_in(first)
         token = csrf_of((await first.get("/groups")).text)
+        group = json.dumps([queue_name, fingerprint])
         started = await first.post(
-            "/actions/replay-group",
-            data={"csrf": token, "fingerprint": fingerprint, "queue": queue_name, "canary": "on"},
+            "/actions/bulk",
+            data={"csrf": token, "action": "retry", "group": group, "canary": "on"},
             headers={"origin": BASE},
         )
         assert started.status_code == 303

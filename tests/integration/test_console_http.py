@@ -114,8 +114,8 @@ async def test_mistakes_are_shown_not_raised(client: httpx.AsyncClient, pool: as
     nothing = await client.post("/actions/replay", data={"csrf": token}, headers={"origin": BASE})
     assert nothing.status_code == 400 and "select at least one" in nothing.text
     bad_rate = await client.post(
-        "/actions/replay-group",
-        data={"csrf": token, "fingerprint": "abc", "rate": "fast"},
+        "/actions/confirm",
+        data={"csrf": token, "action": "retry", "group": '["orders", "abc"]', "rate": "fast"},
         headers={"origin": BASE},
     )
     assert bad_rate.status_code == 400 and "not a rate" in bad_rate.text

@@ -23,3 +23,5 @@ CREATE TABLE rabbitretry.console_revoked (
 ALTER TABLE rabbitretry.audit ADD COLUMN batch text;
 CREATE INDEX audit_operations_idx ON rabbitretry.audit (at DESC, id DESC)
     WHERE batch IS NULL OR action = 'replay-batch';
+-- Undoing a batch finds its rows by batch.
+CREATE INDEX audit_batch_idx ON rabbitretry.audit (batch) WHERE batch IS NOT NULL;
