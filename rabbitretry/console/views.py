@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
+from markupsafe import Markup
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -14,7 +15,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from rabbitretry import db, ledger, metrics, operations
-from rabbitretry.console import display, forms, listing, security
+from rabbitretry.console import chart, display, forms, listing, security
 from rabbitretry.console.app import (
     actor_of,
     config_of,
@@ -33,6 +34,7 @@ from rabbitretry.console.jobs import Job
 from rabbitretry.operations import OperationError, Progress, ReplayReport
 
 REFRESH_SECONDS = ("30", "60", "300")  # the auto-refresh a list may ask for
+CHART_MINUTES = 180
 EXPORT_LIMIT = 1_000_000
 
 
@@ -93,14 +95,47 @@ def _local(target: str | None) -> str:
     """Only a path on this site (never //elsewhere or /\\elsewhere): no open redirect."""
     if target and target.startswith("/") and not target.startswith(("//", "/\\")):
         return target
-    return "/messages"
+    return "/"
 
 
 # ---------------------------------------------------------------- pages
 
 
-async def home(request: Request) -> Response:
-    return RedirectResponse("/messages", status_code=303)
+async def overview(request: Request) -> Response:
+    """The landing page: per queue, what is dead, retrying and in progress, and how the last
+    hours went; the latest alert."""
+    pool = pool_of(request)
+    async with pool.acquire() as conn:
+        queues = await conn.fetch(db.query("console_overview_queues"))
+        minutes = await conn.fetch(db.query("console_overview_minutes"), CHART_MINUTES)
+        alerts = await conn.fetch(db.query("alerts_recent"), None, 1)
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    charts = _charts(minutes, now)
+    names = sorted({*(q["queue"] for q in queues), *charts})
+    counts = {q["queue"]: q for q in queues}
+    return render(
+        request,
+        "overview.html",
+        queues=[
+            (name, counts.get(name), charts.get(name) or chart.svg([], name)) for name in names
+        ],
+        alert=alerts[0] if alerts else None,
+        hours=CHART_MINUTES // 60,
+        params=_params(request),
+        now=datetime.now(UTC),
+    )
+
+
+def _charts(rows: list[db.Record], now: datetime) -> dict[str, Markup]:
+    """One chart per queue, a point a minute up to ``now`` (minutes without rows are zero)."""
+    start = now - timedelta(minutes=CHART_MINUTES - 1)
+    by_queue: dict[str, list[chart.Minute]] = {}
+    for row in rows:
+        series = by_queue.setdefault(row["queue"], [chart.Minute()] * CHART_MINUTES)
+        index = int((row["minute"] - start).total_seconds() // 60)
+        if 0 <= index < CHART_MINUTES:
+            series[index] = chart.Minute(row["handled"], row["died"])
+    return {queue: chart.svg(series, queue) for queue, series in by_queue.items()}
 
 
 async def messages(request: Request) -> Response:
@@ -346,7 +381,7 @@ async def prometheus(request: Request) -> Response:
 
 def routes() -> list[Route | Mount]:
     return [
-        Route("/", home),
+        Route("/", overview),
         Route("/login", login_page, methods=["GET"]),
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"]),

@@ -25,10 +25,41 @@ SELECT id, title, actor, report, started_at, updated_at, done, error
 FROM rabbitretry.console_job ORDER BY started_at DESC LIMIT $1;
 
 -- name: console_audit_operations
--- The latest audit rows, one per operation: a replay of many messages is its replay-batch
--- row, not one row per message ($2 true: every row).
+-- The latest audit rows, one per operation: an action on many messages is its summary row
+-- (replay-batch, ignore-batch, ...), not one row per message ($2 true: every row).
 SELECT id, at, actor, action, queue, message_id, detail, messages, comment, batch
 FROM rabbitretry.audit
-WHERE $2 OR batch IS NULL OR action = 'replay-batch'
+WHERE $2 OR batch IS NULL OR action LIKE '%-batch'
 ORDER BY at DESC, id DESC
 LIMIT $1;
+
+-- name: console_overview_queues
+-- Per queue: dead, retrying and processing messages, and the oldest dead letter. One branch
+-- per status, each served by that status's partial index.
+SELECT queue,
+       count(*) FILTER (WHERE status = 'dead') AS dead,
+       count(*) FILTER (WHERE status = 'retrying') AS retrying,
+       count(*) FILTER (WHERE status = 'processing') AS processing,
+       min(finished_at) FILTER (WHERE status = 'dead') AS oldest_dead
+FROM (
+    SELECT queue, status, finished_at FROM rabbitretry.ledger WHERE status = 'dead'
+    UNION ALL
+    SELECT queue, status, NULL FROM rabbitretry.ledger
+    WHERE status = 'retrying' AND next_retry_at IS NOT NULL
+    UNION ALL
+    SELECT queue, status, NULL FROM rabbitretry.ledger
+    WHERE status = 'processing' AND lease_until IS NOT NULL
+) unfinished
+GROUP BY queue
+ORDER BY queue;
+
+-- name: console_overview_minutes
+-- Per queue and minute over the last $1 minutes: messages handled (succeeded or skipped) and
+-- messages that died, by the minute they finished in.
+SELECT queue, date_trunc('minute', finished_at) AS minute,
+       count(*) FILTER (WHERE status <> 'dead') AS handled,
+       count(*) FILTER (WHERE status = 'dead') AS died
+FROM rabbitretry.ledger
+WHERE status IN ('succeeded', 'skipped', 'dead')
+  AND finished_at >= date_trunc('minute', now()) - make_interval(mins => $1 - 1)
+GROUP BY queue, minute;

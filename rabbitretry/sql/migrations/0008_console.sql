@@ -18,10 +18,11 @@ CREATE TABLE rabbitretry.console_revoked (
     expires_at  timestamptz NOT NULL
 );
 
--- The per-message audit rows of a replay of many messages name that replay, so the audit can
--- show one row per operation and still list each message on demand.
+-- The per-message audit rows of an action on many messages name it (its batch), so the audit
+-- can show one row per operation (the batch's summary row, action `...-batch`) and still list
+-- each message on demand.
 ALTER TABLE rabbitretry.audit ADD COLUMN batch text;
 CREATE INDEX audit_operations_idx ON rabbitretry.audit (at DESC, id DESC)
-    WHERE batch IS NULL OR action = 'replay-batch';
+    WHERE batch IS NULL OR action LIKE '%-batch';
 -- Undoing a batch finds its rows by batch.
 CREATE INDEX audit_batch_idx ON rabbitretry.audit (batch) WHERE batch IS NOT NULL;
