@@ -86,7 +86,7 @@ def server_database_url() -> str:
     return url
 
 
-def _with_database(url: str, name: str) -> str:
+def with_database(url: str, name: str) -> str:
     return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
 
 
@@ -101,7 +101,7 @@ def template_database(server_database_url: str) -> Iterator[str]:
             await conn.execute(f"CREATE DATABASE {TEMPLATE_DB}")
         finally:
             await conn.close()
-        tmpl = await asyncpg.connect(_with_database(server_database_url, TEMPLATE_DB))
+        tmpl = await asyncpg.connect(with_database(server_database_url, TEMPLATE_DB))
         try:
             await db.migrate(tmpl)
         finally:
@@ -128,7 +128,7 @@ async def database_url(server_database_url: str, template_database: str) -> Asyn
         await admin.execute(f"CREATE DATABASE {name} TEMPLATE {template_database}")
     finally:
         await admin.close()
-    yield _with_database(server_database_url, name)
+    yield with_database(server_database_url, name)
     admin = await asyncpg.connect(server_database_url)
     try:
         await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -33,6 +33,8 @@ def svg(minutes: Sequence[Minute], label: str) -> Markup:
         '<polyline fill="none" stroke="#16a34a" stroke-width="1.5" points="{ok}"/>'
         '<polyline fill="none" stroke="#dc2626" stroke-width="1.5" points="{bad}"/>'
         '<text x="{w}" y="10" text-anchor="end" font-size="9" fill="#6b7280">{top}/min</text>'
+        '<text x="0" y="{h}" font-size="9" fill="#6b7280">-{hours}</text>'
+        '<text x="{w}" y="{h}" text-anchor="end" font-size="9" fill="#6b7280">now</text>'
         "</svg>"
     ).format(
         w=WIDTH,
@@ -42,6 +44,7 @@ def svg(minutes: Sequence[Minute], label: str) -> Markup:
         ok=_points([m.handled for m in minutes], top),
         bad=_points([m.died for m in minutes], top),
         top=f"{top:,}",
+        hours=f"{len(minutes) / 60:g} h" if len(minutes) >= 60 else f"{len(minutes)} min",
     )
 
 

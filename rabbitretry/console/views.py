@@ -47,7 +47,9 @@ async def login_page(request: Request) -> Response:
     return _login_form(request)
 
 
-def _login_form(request: Request, error: str = "", status_code: int = 200) -> Response:
+def _login_form(
+    request: Request, error: str = "", status_code: int = 200, target: str | None = None
+) -> Response:
     auth = config_of(request).auth
     return render(
         request,
@@ -56,7 +58,7 @@ def _login_form(request: Request, error: str = "", status_code: int = 200) -> Re
         error=error,
         with_token=bool(auth.token),
         with_password=bool(auth.user),
-        next=_local(request.query_params.get("next")),
+        next=_local(target or request.query_params.get("next")),
     )
 
 
@@ -70,12 +72,11 @@ async def login(request: Request) -> Response:
     config = config_of(request)
     if not config.auth.check_login(user, password, token):
         failed_login(request, user or "token")
-        return _login_form(request, "wrong credentials", 401)
+        return _login_form(request, "wrong credentials", 401, str(form.get("next") or ""))
     who = user if user and not token else (name or "token")
     if len(who) > security.MAX_NAME:
-        return _login_form(
-            request, f"the name is too long (at most {security.MAX_NAME} characters)", 400
-        )
+        too_long = f"the name is too long (at most {security.MAX_NAME} characters)"
+        return _login_form(request, too_long, 400, str(form.get("next") or ""))
     response = RedirectResponse(_local(str(form.get("next") or "")), status_code=303)
     set_session_cookie(response, security.new_session(who), config, request)
     return response

@@ -73,7 +73,12 @@ async def insert_dead(
 
 
 async def insert_many_dead(
-    conn: asyncpg.Connection | asyncpg.Pool, count: int, *, queues: int = 1, groups: int = 1
+    conn: asyncpg.Connection | asyncpg.Pool,
+    count: int,
+    *,
+    queues: int = 1,
+    groups: int = 1,
+    prefix: str = "q-",
 ) -> None:
     """``count`` dead letters in one statement: keys ``m-000001``..., spread round-robin over
     ``queues`` queues (``q-0``...) and ``groups`` fingerprints (``fp-0``...), one a second."""
@@ -81,7 +86,7 @@ async def insert_many_dead(
         "INSERT INTO rabbitretry.ledger (queue, message_id, status, attempts, max_attempts,"
         " reason, error_type, error_message, error_fingerprint, first_seen, finished_at,"
         " updated_at, payload)"
-        " SELECT 'q-' || (n % $2), 'm-' || lpad(n::text, 6, '0'), 'dead', 1 + n % 5, 5,"
+        " SELECT $4 || (n % $2), 'm-' || lpad(n::text, 6, '0'), 'dead', 1 + n % 5, 5,"
         " 'permanent-error', 'Permanent', 'order ' || n || ' not found', 'fp-' || (n % $3),"
         " t, t, t, convert_to('{\"order\": ' || n || '}', 'UTF8')"
         " FROM generate_series(1, $1) AS n,"
@@ -89,6 +94,7 @@ async def insert_many_dead(
         count,
         queues,
         groups,
+        prefix,
     )
 
 
