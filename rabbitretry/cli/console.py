@@ -27,6 +27,7 @@ from rabbitretry.console import (
     check_startup,
     create_app,
     security,
+    users,
 )
 from rabbitretry.settings import mask_url
 
@@ -65,12 +66,18 @@ def console(
 ) -> None:
     """Serve the web console: dead and retrying messages, groups, retries, ignores and edits.
 
-    Log in with RABBITRETRY_CONSOLE_TOKEN, or RABBITRETRY_CONSOLE_USER and
-    RABBITRETRY_CONSOLE_PASSWORD. Every action is recorded in the audit table with your name.
+    Log in with RABBITRETRY_CONSOLE_TOKEN, a user of RABBITRETRY_CONSOLE_USERS_FILE, or
+    RABBITRETRY_CONSOLE_USER and RABBITRETRY_CONSOLE_PASSWORD. Every action is recorded in the
+    audit table with your name.
     """
     config = settings()
-    auth = Auth(config.console_token, config.console_user, config.console_password)
     try:
+        auth = Auth(
+            config.console_token,
+            config.console_user,
+            config.console_password,
+            users.load(config.console_users_file) if config.console_users_file else {},
+        )
         check_startup(auth, host, no_auth)
         models = {c.queue: c.payload_adapter for c in map(load_consumer, consumers or [])}
     except (ConsoleRefused, UserError) as error:

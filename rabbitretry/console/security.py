@@ -22,13 +22,15 @@ import secrets
 import socket
 import time
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 SESSION_COOKIE = "rabbitretry_session"
 SESSION_SECONDS = 12 * 3600
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+_UNKNOWN = "scrypt$16384$8$1$AAAAAAAAAAAAAAAAAAAAAA==$AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
 MAX_NAME = 64
 """A longer name would make a cookie the browser may drop (a silent login loop)."""
 
@@ -42,14 +44,21 @@ class Auth:
     token: str | None = None
     user: str | None = None
     password: str | None = None
+    users: Mapping[str, str] = field(default_factory=dict)
+    """Users and their password hashes (:mod:`rabbitretry.console.users`)."""
 
     @property
     def enabled(self) -> bool:
-        return bool(self.token or (self.user and self.password))
+        return bool(self.token or (self.user and self.password) or self.users)
 
     def check_login(self, user: str, password: str, token: str) -> bool:
         if self.token and token and _same(token, self.token):
             return True
+        if self.users and user:
+            from rabbitretry.console import users  # it imports this module
+
+            # An unknown name costs a hash too, so timing does not tell which names exist.
+            return users.verify(password, self.users.get(user, _UNKNOWN)) and user in self.users
         return bool(
             self.user
             and self.password
@@ -85,9 +94,9 @@ def check_startup(auth: Auth, host: str, no_auth: bool) -> None:
         )
     if not no_auth and not auth.enabled:
         raise ConsoleRefused(
-            "the console needs credentials: set RABBITRETRY_CONSOLE_TOKEN, or "
-            "RABBITRETRY_CONSOLE_USER and RABBITRETRY_CONSOLE_PASSWORD (or, on 127.0.0.1 only, "
-            "pass --no-auth)"
+            "the console needs credentials: set RABBITRETRY_CONSOLE_TOKEN, "
+            "RABBITRETRY_CONSOLE_USERS_FILE, or RABBITRETRY_CONSOLE_USER and "
+            "RABBITRETRY_CONSOLE_PASSWORD (or, on 127.0.0.1 only, pass --no-auth)"
         )
 
 

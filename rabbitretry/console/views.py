@@ -57,7 +57,7 @@ def _login_form(
         status_code,
         error=error,
         with_token=bool(auth.token),
-        with_password=bool(auth.user),
+        with_password=bool(auth.user or auth.users),
         next=_local(target or request.query_params.get("next")),
     )
 

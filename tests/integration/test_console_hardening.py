@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from rabbitretry import amqp, failure
-from rabbitretry.console import Auth, ConsoleConfig
+from rabbitretry.console import Auth, ConsoleConfig, users
 from tests.integration.conftest import BrokerCleanup
 from tests.integration.console_harness import (
     BASE,
@@ -241,3 +241,29 @@ async def test_replays_are_kept_in_the_ledger_and_audited_by_group(
         assert [r["action"] for r in rows] == ["replay", "replay-batch"]
         # The canary's own row is there, but not listed among the operations.
         assert audit.text.count(">replay<") == 0
+
+
+async def test_users_of_the_users_file_are_audited_by_their_own_name(
+    database_url: str, amqp_url: str, pool: asyncpg.Pool
+) -> None:
+    await insert_dead(pool, "orders", "k1", b"{}")
+    auth = Auth(token=TOKEN, users={"dana": users.hash_password("s3cret-pw")})
+    async with console_client(config_for(database_url, amqp_url, auth=auth)) as client:
+        login = await client.get("/login")
+        assert 'name="user"' in login.text and 'name="token"' in login.text
+        wrong = await client.post(
+            "/login", data={"user": "dana", "password": "nope"}, headers={"origin": BASE}
+        )
+        assert wrong.status_code == 401
+        right = await client.post(
+            "/login", data={"user": "dana", "password": "s3cret-pw"}, headers={"origin": BASE}
+        )
+        assert right.status_code == 303
+        page = await client.get("/message", params={"queue": "orders", "id": "k1"})
+        done = await client.post(
+            "/actions/ignore",
+            data={"csrf": csrf_of(page.text), "key": '["orders", "k1"]', "comment": "dup"},
+            headers={"origin": BASE},
+        )
+        assert done.status_code == 303
+    assert await pool.fetchval("SELECT actor FROM rabbitretry.audit") == "console:dana"
