@@ -212,8 +212,10 @@ async def history(pool: Pool, key: ledger.Key) -> tuple[list[Record], list[Recor
     return list(attempts), list(audit)
 
 
-async def recent_audit(pool: Pool, limit: int = 50) -> list[Record]:
-    return list(await pool.fetch(query("operations_recent_audit"), limit))
+async def recent_audit(pool: Pool, limit: int = 50, *, every_row: bool = False) -> list[Record]:
+    """The latest audit rows, one per operation (an action on many messages is its summary
+    row); with ``every_row``, also each message's own row."""
+    return list(await pool.fetch(query("operations_recent_audit"), limit, every_row))
 
 
 async def replay_targets(

@@ -84,10 +84,10 @@ class Jobs:
             job.error = f"{type(error).__name__}: {error}"
         finally:
             job.done = True
-            # Without the database, only the final state is lost (the saver wrote progress).
+            # Until its final state is written, the saver (or close) keeps trying.
             with contextlib.suppress(*db.UNAVAILABLE):
                 await self._save(job)
-            self._running.pop(job.id, None)
+                self._running.pop(job.id, None)
 
     async def get(self, job_id: str) -> Job | None:
         if job_id in self._running:
@@ -127,6 +127,9 @@ class Jobs:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(self._saver, *self._tasks, return_exceptions=True)
+        for job in list(self._running.values()):  # a final write the cancel cut short
+            with contextlib.suppress(*db.UNAVAILABLE):
+                await self._save(job)
 
 
 def _job_of(row: Record) -> Job:

@@ -17,25 +17,15 @@ from typing import Any
 from urllib.parse import urlencode
 
 from rabbitretry.console.forms import refuse_nul
-from rabbitretry.db import Pool, Record
+from rabbitretry.db import Pool, Record, query
 from rabbitretry.operations import Filter, OperationError
 
 PAGE = 50
 PAGING_FIELDS = ("sort", "dir", "after", "before", "page")
 
-# What a filter matches; $1 statuses, $2 queue, $3 error type or reason, $4 fingerprint,
-# $5 since, $6 until, $7 text (in the key, the error type or the error message).
-MATCHING = """
-status = ANY($1::text[])
-AND ($2::text IS NULL OR queue = $2)
-AND ($3::text IS NULL OR error_type = $3 OR reason = $3)
-AND ($4::text IS NULL OR error_fingerprint = $4)
-AND ($5::timestamptz IS NULL OR coalesce(finished_at, updated_at) >= $5)
-AND ($6::timestamptz IS NULL OR coalesce(finished_at, updated_at) <= $6)
-AND ($7::text IS NULL OR strpos(lower(message_id), lower($7)) > 0
-     OR strpos(lower(coalesce(error_type, '')), lower($7)) > 0
-     OR strpos(lower(coalesce(error_message, '')), lower($7)) > 0)
-"""
+# What a filter matches ($1 statuses ... $7 text): the conditions of the CLI's list, taken
+# from its statement, so that a filter means the same in a terminal and on a page.
+MATCHING = query("operations_list").split("WHERE", 1)[1].split("ORDER BY", 1)[0]
 
 
 @dataclass(frozen=True)

@@ -200,7 +200,7 @@ async def _message_page(
 
 async def audit(request: Request) -> Response:
     every_row = request.query_params.get("each") == "1"
-    rows = await pool_of(request).fetch(db.query("console_audit_operations"), 200, every_row)
+    rows = await operations.recent_audit(pool_of(request), 200, every_row=every_row)
     return render(
         request,
         "audit.html",

@@ -24,15 +24,6 @@ FROM rabbitretry.console_job WHERE id = $1;
 SELECT id, title, actor, report, started_at, updated_at, done, error
 FROM rabbitretry.console_job ORDER BY started_at DESC LIMIT $1;
 
--- name: console_audit_operations
--- The latest audit rows, one per operation: an action on many messages is its summary row
--- (replay-batch, ignore-batch, ...), not one row per message ($2 true: every row).
-SELECT id, at, actor, action, queue, message_id, detail, messages, comment, batch
-FROM rabbitretry.audit
-WHERE $2 OR batch IS NULL OR action LIKE '%-batch'
-ORDER BY at DESC, id DESC
-LIMIT $1;
-
 -- name: console_overview_queues
 -- Per queue: dead, retrying and processing messages, and the oldest dead letter. One branch
 -- per status, each served by that status's partial index.

@@ -81,8 +81,13 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 RETURNING id;
 
 -- name: operations_recent_audit
-SELECT id, at, actor, action, queue, message_id, detail, messages, comment
-FROM rabbitretry.audit ORDER BY at DESC, id DESC LIMIT $1;
+-- The latest audit rows, one per operation: an action on many messages is its summary row
+-- (replay-batch, ignore-batch, ...), not one row per message ($2 true: every row).
+SELECT id, at, actor, action, queue, message_id, detail, messages, comment, batch
+FROM rabbitretry.audit
+WHERE $2 OR batch IS NULL OR action LIKE '%-batch'
+ORDER BY at DESC, id DESC
+LIMIT $1;
 
 -- name: operations_export
 -- Everything about the matching messages, for a jsonl export (same filters as operations_list).

@@ -31,10 +31,13 @@ async def console_client(
         yield http
 
 
+async def post(client: httpx.AsyncClient, path: str, data: dict[str, str]) -> httpx.Response:
+    """A form posted as the console's own pages post it (from its origin)."""
+    return await client.post(path, data=data, headers={"origin": str(client.base_url)})
+
+
 async def log_in(client: httpx.AsyncClient, name: str = "alice") -> None:
-    response = await client.post(
-        "/login", data={"token": TOKEN, "name": name}, headers={"origin": str(client.base_url)}
-    )
+    response = await post(client, "/login", {"token": TOKEN, "name": name})
     assert response.status_code == 303, response.text
 
 

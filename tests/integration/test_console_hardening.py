@@ -17,12 +17,12 @@ from rabbitretry import amqp, failure
 from rabbitretry.console import Auth, ConsoleConfig, users
 from tests.integration.conftest import BrokerCleanup
 from tests.integration.console_harness import (
-    BASE,
     TOKEN,
     console_client,
     csrf_of,
     insert_dead,
     log_in,
+    post,
 )
 from tests.integration.harness import wait_for
 from tests.proxy import Proxy
@@ -61,11 +61,7 @@ async def test_a_foreign_host_is_refused_even_without_auth(
         assert page.status_code == 400 and "not served" in page.text
         assert "set-cookie" not in page.headers
         assert "default-src 'none'" in page.headers["content-security-policy"]
-        forged = await evil.post(
-            "/actions/ignore",
-            data={"key": '["orders", "k1"]', "comment": "x"},
-            headers={"origin": "http://evil.example:8089"},
-        )
+        forged = await post(evil, "/actions/ignore", {"key": '["orders", "k1"]', "comment": "x"})
         assert forged.status_code == 400
     async with console_client(config, base="http://127.0.0.1:8089") as local:
         assert (await local.get("/messages")).status_code == 200
@@ -77,13 +73,9 @@ async def test_guessing_the_token_is_throttled_and_logged(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="rabbitretry.console")
     for guess in range(10):
-        wrong = await client.post(
-            "/login", data={"token": f"guess-{guess}"}, headers={"origin": BASE}
-        )
+        wrong = await post(client, "/login", {"token": f"guess-{guess}"})
         assert wrong.status_code == 401
-    throttled = await client.post(
-        "/login", data={"token": TOKEN, "name": "mallory"}, headers={"origin": BASE}
-    )
+    throttled = await post(client, "/login", {"token": TOKEN, "name": "mallory"})
     assert throttled.status_code == 429 and "too many failed logins" in throttled.text
     assert int(throttled.headers["retry-after"]) > 0
     bearer = await client.get("/audit", headers={"authorization": f"Bearer {TOKEN}"})
@@ -98,7 +90,7 @@ async def test_logout_revokes_the_session_everywhere(
     await log_in(client)
     stolen = client.cookies["rabbitretry_session"]
     token = csrf_of((await client.get("/messages")).text)
-    out = await client.post("/logout", data={"csrf": token}, headers={"origin": BASE})
+    out = await post(client, "/logout", {"csrf": token})
     assert out.status_code == 303
     client.cookies.set("rabbitretry_session", stolen)
     replayed = await client.get("/messages")
@@ -109,7 +101,7 @@ async def test_logout_revokes_the_session_everywhere(
         await log_in(first)
         cookie = first.cookies["rabbitretry_session"]
         token = csrf_of((await first.get("/messages")).text)
-        await first.post("/logout", data={"csrf": token}, headers={"origin": BASE})
+        await post(first, "/logout", {"csrf": token})
     async with console_client(config_for(database_url, amqp_url, secret=secret)) as second:
         second.cookies.set("rabbitretry_session", cookie)
         again = await second.get("/messages")
@@ -117,9 +109,7 @@ async def test_logout_revokes_the_session_everywhere(
 
 
 async def test_an_oversized_name_is_refused_not_a_login_loop(client: httpx.AsyncClient) -> None:
-    response = await client.post(
-        "/login", data={"token": TOKEN, "name": "n" * 5000}, headers={"origin": BASE}
-    )
+    response = await post(client, "/login", {"token": TOKEN, "name": "n" * 5000})
     assert response.status_code == 400 and "name is too long" in response.text
     assert "set-cookie" not in response.headers
 
@@ -163,10 +153,8 @@ async def test_a_nul_in_a_key_is_a_400(client: httpx.AsyncClient) -> None:
     page = await client.get("/message", params={"queue": "orders", "id": "k\x00"})
     assert page.status_code == 400 and "NUL" in page.text
     token = csrf_of((await client.get("/messages")).text)
-    posted = await client.post(
-        "/actions/ignore",
-        data={"csrf": token, "key": '["orders", "k\\u0000"]', "comment": "x"},
-        headers={"origin": BASE},
+    posted = await post(
+        client, "/actions/ignore", {"csrf": token, "key": '["orders", "k\\u0000"]', "comment": "x"}
     )
     assert posted.status_code == 400 and "NUL" in posted.text
 
@@ -217,16 +205,16 @@ async def test_replays_are_kept_in_the_ledger_and_audited_by_group(
         await log_in(first)
         token = csrf_of((await first.get("/groups")).text)
         group = json.dumps([queue_name, fingerprint])
-        started = await first.post(
+        started = await post(
+            first,
             "/actions/bulk",
-            data={"csrf": token, "action": "retry", "group": group, "canary": "on"},
-            headers={"origin": BASE},
+            {"csrf": token, "action": "retry", "group": group, "canary": "on"},
         )
         assert started.status_code == 303
         job_page = started.headers["location"]
 
         async def finished() -> bool:
-            return "stopped" in (await first.get(job_page)).text
+            return "state stopped" in (await first.get(job_page)).text
 
         await wait_for(finished, timeout=30)
     async with console_client(config) as second:
@@ -251,19 +239,45 @@ async def test_users_of_the_users_file_are_audited_by_their_own_name(
     async with console_client(config_for(database_url, amqp_url, auth=auth)) as client:
         login = await client.get("/login")
         assert 'name="user"' in login.text and 'name="token"' in login.text
-        wrong = await client.post(
-            "/login", data={"user": "dana", "password": "nope"}, headers={"origin": BASE}
-        )
+        wrong = await post(client, "/login", {"user": "dana", "password": "nope"})
         assert wrong.status_code == 401
-        right = await client.post(
-            "/login", data={"user": "dana", "password": "s3cret-pw"}, headers={"origin": BASE}
-        )
+        right = await post(client, "/login", {"user": "dana", "password": "s3cret-pw"})
         assert right.status_code == 303
         page = await client.get("/message", params={"queue": "orders", "id": "k1"})
-        done = await client.post(
+        done = await post(
+            client,
             "/actions/ignore",
-            data={"csrf": csrf_of(page.text), "key": '["orders", "k1"]', "comment": "dup"},
-            headers={"origin": BASE},
+            {"csrf": csrf_of(page.text), "key": '["orders", "k1"]', "comment": "dup"},
         )
         assert done.status_code == 303
     assert await pool.fetchval("SELECT actor FROM rabbitretry.audit") == "console:dana"
+
+
+async def test_a_replay_cut_short_by_a_restart_says_so(
+    database_url: str,
+    amqp_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    amqp_connection: amqp.Connection,
+    broker_cleanup: BrokerCleanup,
+) -> None:
+    channel = await amqp_connection.channel()
+    await channel.declare_queue(broker_cleanup.queue(queue_name))
+    for n in range(2):
+        await insert_dead(pool, queue_name, f"k{n}", b"{}")
+    config = config_for(database_url, amqp_url, canary_timeout=60)
+    async with console_client(config) as first:
+        await log_in(first)
+        token = csrf_of((await first.get("/messages")).text)
+        keys = [json.dumps([queue_name, f"k{n}"]) for n in range(2)]
+        started = await first.post(
+            "/actions/replay",
+            data={"csrf": token, "key": keys, "canary": "on"},
+            headers={"origin": str(first.base_url)},
+        )
+        job_page = started.headers["location"]
+        assert "state running" in (await first.get(job_page)).text
+    async with console_client(config) as second:
+        await log_in(second)
+        shown = await second.get(job_page)
+        assert "state failed" in shown.text and "interrupted: the console stopped" in shown.text

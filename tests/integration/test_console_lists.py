@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator
+from typing import Any
 
 import asyncpg
 import httpx
@@ -13,12 +14,12 @@ import pytest
 
 from rabbitretry.console import Auth, ConsoleConfig
 from tests.integration.console_harness import (
-    BASE,
     TOKEN,
     console_client,
     csrf_of,
     insert_many_dead,
     log_in,
+    post,
 )
 
 pytestmark = pytest.mark.asyncio
@@ -45,14 +46,16 @@ def link(match: re.Match[str] | None) -> str:
     return match[1].replace("&amp;", "&")
 
 
-async def walk(client: httpx.AsyncClient, first: str) -> list[list[str]]:
-    """The keys of every page, following Next from ``first`` to the end."""
-    pages: list[list[str]] = []
+async def walk(
+    client: httpx.AsyncClient, first: str, items: re.Pattern[str] = KEY
+) -> list[list[Any]]:
+    """What ``items`` finds on every page, following Next from ``first`` to the end."""
+    pages: list[list[Any]] = []
     url: str | None = first
     while url:
         page = await client.get(url)
         assert page.status_code == 200, page.text
-        pages.append(KEY.findall(page.text))
+        pages.append(items.findall(page.text))
         found = NEXT.search(page.text)
         url = link(found) if found else None
     return pages
@@ -101,13 +104,7 @@ async def test_groups_page_through_thousands(client: httpx.AsyncClient, pool: as
     first = await client.get("/groups")
     assert "50 shown of 1,500 groups" in first.text
     names = re.compile(r'value="\[&#34;(q-\d)&#34;, &#34;(fp-\d+)&#34;\]"')
-    seen: list[tuple[str, str]] = []
-    url: str | None = "/groups?sort=queue"
-    while url:
-        page = await client.get(url)
-        seen += names.findall(page.text)
-        found = NEXT.search(page.text)
-        url = link(found) if found else None
+    seen = [group for page in await walk(client, "/groups?sort=queue", names) for group in page]
     assert len(seen) == len(set(seen)) == 1500
 
 
@@ -144,14 +141,14 @@ async def test_ignoring_a_group_is_confirmed_counted_and_undone(
         "group": '["q-0", "fp-1"]',
         "comment": "upstream fixed by hand",
     }
-    confirm = await client.post("/actions/confirm", data=form, headers={"origin": BASE})
+    confirm = await post(client, "/actions/confirm", form)
     assert confirm.status_code == 200 and "Ignore 150 dead letters?" in confirm.text
     assert (
         await pool.fetchval("SELECT count(*) FROM rabbitretry.ledger WHERE status = 'dead'") == 300
     )
     echoed = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)"', confirm.text))
     echoed = {k: v.replace("&#34;", '"') for k, v in echoed.items()}
-    done = await client.post("/actions/bulk", data=echoed, headers={"origin": BASE})
+    done = await post(client, "/actions/bulk", echoed)
     assert done.status_code == 303
     shown = await client.get(done.headers["location"])
     assert "Ignored 150 dead letter(s)" in shown.text
@@ -164,9 +161,7 @@ async def test_ignoring_a_group_is_confirmed_counted_and_undone(
     )
     assert f'name="batch" value="{batch}"' in shown.text
 
-    undo = await client.post(
-        "/actions/unignore", data={"csrf": token, "batch": batch}, headers={"origin": BASE}
-    )
+    undo = await post(client, "/actions/unignore", {"csrf": token, "batch": batch})
     assert (
         "150 message(s) are dead letters again" in (await client.get(undo.headers["location"])).text
     )
@@ -194,24 +189,22 @@ async def test_retrying_all_matching_needs_no_consumer_to_be_counted(
 ) -> None:
     await insert_many_dead(pool, 40, groups=4)
     token = csrf_of((await client.get("/messages")).text)
-    confirm = await client.post(
+    confirm = await post(
+        client,
         "/actions/confirm",
-        data={"csrf": token, "action": "retry", "q": "order 1", "rate": "100/s"},
-        headers={"origin": BASE},
+        {"csrf": token, "action": "retry", "q": "order 1", "rate": "100/s"},
     )
     # "order 1" matches orders 1, 10-19: eleven.
     assert confirm.status_code == 200 and "Retry 11 dead letters?" in confirm.text
     assert "q = order 1" in confirm.text and "100 per second" in confirm.text
-    nothing = await client.post(
+    nothing = await post(
+        client,
         "/actions/confirm",
-        data={"csrf": token, "action": "ignore", "q": "no such text", "comment": "x"},
-        headers={"origin": BASE},
+        {"csrf": token, "action": "ignore", "q": "no such text", "comment": "x"},
     )
     assert nothing.status_code == 400 and "no dead letters match" in nothing.text
-    no_comment = await client.post(
-        "/actions/confirm",
-        data={"csrf": token, "action": "ignore", "q": "order"},
-        headers={"origin": BASE},
+    no_comment = await post(
+        client, "/actions/confirm", {"csrf": token, "action": "ignore", "q": "order"}
     )
     assert no_comment.status_code == 400 and "comment is required" in no_comment.text
 
