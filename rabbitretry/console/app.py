@@ -196,6 +196,7 @@ class Authenticate(BaseHTTPMiddleware):
             )
         forms.refuse_nul(*request.query_params.values())
         fresh: Session | None = None
+        # Set before the revocation check, so that an outage's page keeps its navigation.
         session = request.state.session = self._session(request, config)
         if session is not None and session.issued and await is_revoked(pool_of(request), session):
             session = None

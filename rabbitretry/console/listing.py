@@ -12,12 +12,14 @@ import base64
 import binascii
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 
 from rabbitretry.console.forms import refuse_nul
 from rabbitretry.db import Pool, Record, query
+from rabbitretry.ledger import Key
 from rabbitretry.operations import Filter, OperationError
 
 PAGE = 50
@@ -60,7 +62,7 @@ SELECT queue, coalesce(error_fingerprint, '') AS fingerprint,
        min(coalesce(finished_at, updated_at)) AS first_seen,
        max(coalesce(finished_at, updated_at)) AS last_seen
 FROM rabbitretry.ledger WHERE {MATCHING}
-GROUP BY queue, error_fingerprint
+GROUP BY queue, coalesce(error_fingerprint, '')
 """
 
 
@@ -107,8 +109,8 @@ def link(path: str, params: dict[str, str], **changes: str) -> str:
     """``path`` with the current filters and ``changes``; a new sort or filter starts again
     from the first page."""
     kept = {k: v for k, v in params.items() if k not in ("after", "before", "page")}
-    query = {k: v for k, v in {**kept, **changes}.items() if v}
-    return f"{path}?{urlencode(query)}" if query else path
+    wanted = {k: v for k, v in {**kept, **changes}.items() if v}
+    return f"{path}?{urlencode(wanted)}" if wanted else path
 
 
 def cursor_of(values: Sequence[Any]) -> str:
@@ -119,12 +121,13 @@ def cursor_of(values: Sequence[Any]) -> str:
 def _cursor(text: str | None) -> list[Any] | None:
     if not text:
         return None
+    damaged = OperationError("this page link is damaged: start again from the first page")
     try:
         values = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
     except (ValueError, binascii.Error):
-        raise OperationError("this page link is damaged: start again from the first page") from None
+        raise damaged from None
     if not isinstance(values, list) or len(values) != 3:
-        raise OperationError("this page link is damaged: start again from the first page")
+        raise damaged
     refuse_nul(*(str(v) for v in values))
     return [None if v is None else str(v) for v in values]
 
@@ -169,29 +172,14 @@ async def _page(
     backwards = order.before is not None or order.last
     # Walking backwards, fetch in the opposite order, then turn the rows round.
     descending = order.descending != backwards
-    keys = f"(sort_value, {tie[0]}, {tie[1]})"
-    statement = f"SELECT * FROM ({source}) AS listed"
-    arguments: list[Any] = [*selection.params()[:7], PAGE + 1]
-    if cursor is not None:
-        statement += (
-            f" WHERE {keys} {'<' if descending else '>'}"
-            f" ($9::text::{column.type}, $10::text, $11::text)"
-        )
-        arguments += cursor
-    direction = "DESC" if descending else "ASC"
-    statement += (
-        f" ORDER BY sort_value {direction}, {tie[0]} {direction}, {tie[1]} {direction} LIMIT $8"
-    )
+    statement = _statement(source, column, tie, descending, with_cursor=cursor is not None)
     async with pool.acquire() as conn:
-        rows = list(await conn.fetch(statement, *arguments))
-        total = await conn.fetchval(counting, *selection.params()[:7])
+        rows = list(await conn.fetch(statement, *_matching(selection), PAGE + 1, *(cursor or [])))
+        total = await conn.fetchval(counting, *_matching(selection))
     more = len(rows) > PAGE
     rows = rows[:PAGE]
     if backwards:
         rows.reverse()
-    first = cursor_of([rows[0]["sort_value"], rows[0][tie[0]], rows[0][tie[1]]]) if rows else None
-    last = cursor_of([rows[-1]["sort_value"], rows[-1][tie[0]], rows[-1][tie[1]]]) if rows else None
-    if backwards:
         has_previous, has_next = more, order.before is not None
     else:
         has_previous, has_next = order.after is not None, more
@@ -199,20 +187,43 @@ async def _page(
         rows,
         int(total),
         order,
-        next=last if has_next else None,
-        previous=first if has_previous else None,
+        next=_cursor_at(rows[-1], tie) if rows and has_next else None,
+        previous=_cursor_at(rows[0], tie) if rows and has_previous else None,
     )
 
 
-async def dead_matching(pool: Pool, selection: Filter, before: Any) -> list[tuple[str, str]]:
+def _statement(
+    source: str, column: Column, tie: tuple[str, str], descending: bool, *, with_cursor: bool
+) -> str:
+    """A page of ``source``: $8 rows, after the cursor ($9 sort value, $10 and $11 the tie)."""
+    statement = f"SELECT * FROM ({source}) AS listed"
+    if with_cursor:
+        statement += (
+            f" WHERE (sort_value, {tie[0]}, {tie[1]}) {'<' if descending else '>'}"
+            f" ($9::text::{column.type}, $10::text, $11::text)"
+        )
+    direction = "DESC" if descending else "ASC"
+    return statement + (
+        f" ORDER BY sort_value {direction}, {tie[0]} {direction}, {tie[1]} {direction} LIMIT $8"
+    )
+
+
+def _matching(selection: Filter) -> list[Any]:
+    """The parameters of MATCHING ($1 to $7): the filter's, without its limit."""
+    return selection.params()[:7]
+
+
+def _cursor_at(row: Record, tie: tuple[str, str]) -> str:
+    return cursor_of([row["sort_value"], row[tie[0]], row[tie[1]]])
+
+
+async def dead_matching(pool: Pool, selection: Filter, before: datetime) -> list[Key]:
     """Every dead letter the filter matches that died at or before ``before``, oldest death
     first: the targets of a bulk action, taken once (messages dying later are not swept in)."""
-    dead = Filter(**{**selection.__dict__, "statuses": ("dead",)})
     rows = await pool.fetch(
         f"SELECT queue, message_id FROM rabbitretry.ledger WHERE {MATCHING}"
-        " AND ($8::timestamptz IS NULL OR finished_at <= $8)"
-        " ORDER BY finished_at, queue, message_id",
-        *dead.params()[:7],
+        " AND finished_at <= $8 ORDER BY finished_at, queue, message_id",
+        *_matching(replace(selection, statuses=("dead",))),
         before,
     )
-    return [(r["queue"], r["message_id"]) for r in rows]
+    return [Key(r["queue"], r["message_id"]) for r in rows]

@@ -153,7 +153,9 @@ async def groups(request: Request) -> Response:
     return _list_page(request, "groups.html", params, page)
 
 
-def _list_page(request: Request, template: str, params: dict[str, str], page: Any) -> Response:
+def _list_page(
+    request: Request, template: str, params: dict[str, str], page: listing.Page
+) -> Response:
     return render(
         request,
         template,
@@ -241,34 +243,33 @@ async def replay(request: Request) -> Response:
 
 async def confirm(request: Request) -> Response:
     """What a bulk action will touch, before it is done: the count, and a button to do it."""
-    bulk = forms.bulk_from(await _posted_fields(request), datetime.now(UTC))
-    targets = await listing.dead_matching(pool_of(request), bulk.selection, bulk.before)
+    chosen = forms.bulk_from(await _posted_fields(request), datetime.now(UTC))
+    targets = await listing.dead_matching(pool_of(request), chosen.selection, chosen.before)
     if not targets:
         raise OperationError("no dead letters match: nothing to do")
-    return render(
-        request, "confirm.html", bulk=bulk, count=len(targets), title=bulk.title(len(targets))
-    )
+    count = len(targets)
+    return render(request, "confirm.html", bulk=chosen, count=count, title=chosen.title(count))
 
 
 async def bulk(request: Request) -> Response:
-    bulk = forms.bulk_from(await _posted_fields(request), datetime.now(UTC))
-    pairs = await listing.dead_matching(pool_of(request), bulk.selection, bulk.before)
-    targets = [ledger.Key(queue, message_id) for queue, message_id in pairs]
-    if bulk.action == "retry":
+    """A confirmed bulk action, on the dead letters that match now (up to the same cutoff)."""
+    chosen = forms.bulk_from(await _posted_fields(request), datetime.now(UTC))
+    targets = await listing.dead_matching(pool_of(request), chosen.selection, chosen.before)
+    if chosen.action == "retry":
         return await _start(
             request,
-            bulk.title(len(targets)),
+            chosen.title(len(targets)),
             targets,
-            rate=bulk.rate,
-            canary=bulk.canary,
-            what=bulk.describe(),
+            rate=chosen.rate,
+            canary=chosen.canary,
+            what=chosen.describe(),
         )
     _, ignored = await operations.ignore_many(
         pool_of(request),
         targets,
         actor=actor_of(request),
-        comment=bulk.comment,
-        description=bulk.describe(),
+        comment=chosen.comment,
+        description=chosen.describe(),
     )
     return RedirectResponse(f"/audit?notice=ignored-many&count={ignored}", status_code=303)
 
