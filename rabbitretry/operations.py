@@ -28,7 +28,7 @@ from typing import Any
 import pydantic
 
 from rabbitretry import amqp, deadletters, ledger
-from rabbitretry.db import Connection, Pool, Record, query
+from rabbitretry.db import Executor, Pool, Record, query
 from rabbitretry.errors import RabbitRetryError
 
 STATUSES = ("dead", "retrying", "ignored")
@@ -246,7 +246,7 @@ async def replay_targets(
 
 
 async def audit(
-    pool: Pool,
+    executor: Executor,
     actor: str,
     action: str,
     *,
@@ -257,7 +257,8 @@ async def audit(
     detail: dict[str, Any] | None = None,
     batch: str | None = None,
 ) -> None:
-    await pool.execute(
+    """One audit row (in ``executor``'s transaction, when it is a connection in one)."""
+    await executor.execute(
         query("operations_audit"),
         actor,
         action,
@@ -423,7 +424,16 @@ async def ignore_many(
             batch,
         )
         ignored = int(status.split()[-1])
-        await _audit_batch(conn, actor, "ignore-batch", keys, ignored, comment, description, batch)
+        await audit(
+            conn,
+            actor,
+            "ignore-batch",
+            queue=_one_queue(keys) if keys else None,
+            messages=ignored,
+            comment=comment.strip(),
+            detail=description,
+            batch=batch,
+        )
     return batch, ignored
 
 
@@ -435,33 +445,16 @@ async def unignore(pool: Pool, batch: str, *, actor: str, comment: str | None = 
             query("operations_unignore_batch"), batch, actor, comment or None, undo
         )
         undone = int(status.split()[-1])
-        await _audit_batch(
-            conn, actor, "unignore-batch", (), undone, comment, {"undoes": batch}, undo
+        await audit(
+            conn,
+            actor,
+            "unignore-batch",
+            messages=undone,
+            comment=comment,
+            detail={"undoes": batch},
+            batch=undo,
         )
     return undone
-
-
-async def _audit_batch(
-    conn: Connection,
-    actor: str,
-    action: str,
-    keys: Sequence[ledger.Key],
-    messages: int,
-    comment: str | None,
-    detail: dict[str, Any] | None,
-    batch: str,
-) -> None:
-    await conn.execute(
-        query("operations_audit"),
-        actor,
-        action,
-        _one_queue(keys) if keys else (detail or {}).get("queue"),
-        None,
-        json.dumps(detail or {}, default=str),
-        messages,
-        (comment or "").strip() or None,
-        batch,
-    )
 
 
 async def edit_and_replay(

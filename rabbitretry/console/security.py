@@ -24,13 +24,13 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from urllib.parse import urlsplit
 
 SESSION_COOKIE = "rabbitretry_session"
 SESSION_SECONDS = 12 * 3600
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
-_UNKNOWN = "scrypt$16384$8$1$AAAAAAAAAAAAAAAAAAAAAA==$AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
 MAX_NAME = 64
 """A longer name would make a cookie the browser may drop (a silent login loop)."""
 
@@ -55,10 +55,9 @@ class Auth:
         if self.token and token and _same(token, self.token):
             return True
         if self.users and user:
-            from rabbitretry.console import users  # it imports this module
-
             # An unknown name costs a hash too, so timing does not tell which names exist.
-            return users.verify(password, self.users.get(user, _UNKNOWN)) and user in self.users
+            stored = self.users.get(user) or _decoy_hash()
+            return verify_password(password, stored) and user in self.users
         return bool(
             self.user
             and self.password
@@ -79,6 +78,45 @@ class Auth:
             if self.check_login(user, password, ""):
                 return user
         return None
+
+
+SCRYPT = {"n": 2**14, "r": 8, "p": 1}
+
+
+def hash_password(password: str, salt: bytes | None = None) -> str:
+    """``scrypt$N$r$p$SALT$KEY`` (base64): scrypt from the standard library, with its
+    parameters, so that stronger ones can come later without breaking a users file."""
+    salt = salt or secrets.token_bytes(16)
+    key = hashlib.scrypt(password.encode(), salt=salt, **SCRYPT)
+    parameters = (str(SCRYPT[k]) for k in ("n", "r", "p"))
+    return "$".join(["scrypt", *parameters, _b64(salt), _b64(key)])
+
+
+def verify_password(password: str, stored: str) -> bool:
+    """Whether ``password`` is the one ``stored`` was made from (constant time)."""
+    try:
+        scheme, n, r, p, salt, key = stored.split("$")
+        expected = base64.b64decode(key)
+        actual = hashlib.scrypt(
+            password.encode(),
+            salt=base64.b64decode(salt),
+            n=int(n),
+            r=int(r),
+            p=int(p),
+            dklen=len(expected),
+        )
+    except (ValueError, binascii.Error):
+        return False
+    return scheme == "scrypt" and hmac.compare_digest(actual, expected)
+
+
+@cache
+def _decoy_hash() -> str:
+    return hash_password("", salt=bytes(16))
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
 
 
 def check_startup(auth: Auth, host: str, no_auth: bool) -> None:

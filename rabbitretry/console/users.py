@@ -9,46 +9,14 @@ parameters and salt: ``scrypt$16384$8$1$SALT$KEY`` (base64). Make a line with
 
 from __future__ import annotations
 
-import base64
-import binascii
 import getpass
-import hashlib
-import hmac
 import re
-import secrets
 import sys
 from pathlib import Path
 
-from rabbitretry.console.security import MAX_NAME, ConsoleRefused
+from rabbitretry.console.security import MAX_NAME, ConsoleRefused, hash_password
 
-SCRYPT = {"n": 2**14, "r": 8, "p": 1}
 NAME = re.compile(r"^[\w.@-]+$")
-
-
-def hash_password(password: str, salt: bytes | None = None) -> str:
-    salt = salt or secrets.token_bytes(16)
-    key = hashlib.scrypt(password.encode(), salt=salt, **SCRYPT)
-    return "$".join(["scrypt", *(str(SCRYPT[k]) for k in ("n", "r", "p")), _b64(salt), _b64(key)])
-
-
-def verify(password: str, stored: str) -> bool:
-    """Whether ``password`` is the one ``stored`` was made from (constant time)."""
-    try:
-        scheme, n, r, p, salt, key = stored.split("$")
-        if scheme != "scrypt":
-            return False
-        expected = base64.b64decode(key)
-        actual = hashlib.scrypt(
-            password.encode(),
-            salt=base64.b64decode(salt),
-            n=int(n),
-            r=int(r),
-            p=int(p),
-            dklen=len(expected),
-        )
-    except (ValueError, binascii.Error):
-        return False
-    return hmac.compare_digest(actual, expected)
 
 
 def load(path: str) -> dict[str, str]:
@@ -71,10 +39,6 @@ def load(path: str) -> dict[str, str]:
     if not users:
         raise ConsoleRefused(f"the users file {path} names no user")
     return users
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 def main(arguments: list[str]) -> int:

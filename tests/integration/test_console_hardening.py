@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from rabbitretry import amqp, failure
-from rabbitretry.console import Auth, ConsoleConfig, users
+from rabbitretry.console import Auth, ConsoleConfig, security
 from tests.integration.conftest import BrokerCleanup
 from tests.integration.console_harness import (
     TOKEN,
@@ -235,7 +235,7 @@ async def test_users_of_the_users_file_are_audited_by_their_own_name(
     database_url: str, amqp_url: str, pool: asyncpg.Pool
 ) -> None:
     await insert_dead(pool, "orders", "k1", b"{}")
-    auth = Auth(token=TOKEN, users={"dana": users.hash_password("s3cret-pw")})
+    auth = Auth(token=TOKEN, users={"dana": security.hash_password("s3cret-pw")})
     async with console_client(config_for(database_url, amqp_url, auth=auth)) as client:
         login = await client.get("/login")
         assert 'name="user"' in login.text and 'name="token"' in login.text

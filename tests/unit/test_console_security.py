@@ -129,11 +129,11 @@ def test_failed_logins_are_throttled_per_address_for_a_window() -> None:
 
 
 def test_users_have_scrypt_hashes() -> None:
-    stored = users.hash_password("correct horse", salt=b"s" * 16)
+    stored = security.hash_password("correct horse", salt=b"s" * 16)
     assert stored.startswith("scrypt$16384$8$1$")
-    assert users.verify("correct horse", stored)
-    assert not users.verify("wrong", stored)
-    assert not users.verify("x", "md5$abc")
+    assert security.verify_password("correct horse", stored)
+    assert not security.verify_password("wrong", stored)
+    assert not security.verify_password("x", "md5$abc")
     auth = Auth(users={"dana": stored})
     assert auth.enabled and auth.check_login("dana", "correct horse", "")
     assert not auth.check_login("dana", "wrong", "") and not auth.check_login("eve", "x", "")
@@ -141,7 +141,7 @@ def test_users_have_scrypt_hashes() -> None:
 
 def test_a_users_file_is_read_or_refused_in_one_line(tmp_path: Path) -> None:
     good = tmp_path / "users"
-    good.write_text(f"# ops\n\ndana:{users.hash_password('pw')}\n")
+    good.write_text(f"# ops\n\ndana:{security.hash_password('pw')}\n")
     assert list(users.load(str(good))) == ["dana"]
     bad = tmp_path / "bad"
     bad.write_text("dana:plain-password\n")
