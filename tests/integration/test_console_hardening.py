@@ -42,6 +42,16 @@ def config_for(database_url: str, amqp_url: str, **overrides: object) -> Console
 
 
 @pytest.fixture
+async def idle_queue(
+    queue_name: str, amqp_connection: amqp.Connection, broker_cleanup: BrokerCleanup
+) -> str:
+    """A work queue nothing consumes: a replay's copies wait there, its canary never ends."""
+    channel = await amqp_connection.channel()
+    await channel.declare_queue(broker_cleanup.queue(queue_name))
+    return queue_name
+
+
+@pytest.fixture
 async def client(database_url: str, amqp_url: str) -> AsyncIterator[httpx.AsyncClient]:
     async with console_client(config_for(database_url, amqp_url)) as http:
         yield http
@@ -186,25 +196,18 @@ async def test_a_binary_payload_is_shown_in_hex_and_base64(
 
 
 async def test_replays_are_kept_in_the_ledger_and_audited_by_group(
-    database_url: str,
-    amqp_url: str,
-    pool: asyncpg.Pool,
-    queue_name: str,
-    amqp_connection: amqp.Connection,
-    broker_cleanup: BrokerCleanup,
+    database_url: str, amqp_url: str, pool: asyncpg.Pool, idle_queue: str
 ) -> None:
     # Nothing consumes the queue, so the canary never finishes: the replay stops, and both
     # the job page of another console and the audit page say which group and why.
-    channel = await amqp_connection.channel()
-    await channel.declare_queue(broker_cleanup.queue(queue_name))
     for n in range(3):
-        await insert_dead(pool, queue_name, f"k{n}", b"{}")
-    fingerprint = failure.rejection(queue_name, "Permanent", "order 1 not found").fingerprint
+        await insert_dead(pool, idle_queue, f"k{n}", b"{}")
+    fingerprint = failure.rejection(idle_queue, "Permanent", "order 1 not found").fingerprint
     config = config_for(database_url, amqp_url, canary_timeout=0.5)
     async with console_client(config) as first:
         await log_in(first)
         token = csrf_of((await first.get("/groups")).text)
-        group = json.dumps([queue_name, fingerprint])
+        group = json.dumps([idle_queue, fingerprint])
         started = await post(
             first,
             "/actions/bulk",
@@ -221,7 +224,7 @@ async def test_replays_are_kept_in_the_ledger_and_audited_by_group(
         await log_in(second, "bob")
         job = await second.get(job_page)
         assert job.status_code == 200
-        assert f"canary {queue_name}/k" in job.text and "stopped" in job.text, job.text
+        assert f"canary {idle_queue}/k" in job.text and "stopped" in job.text, job.text
         audit = await second.get("/audit")
         assert fingerprint in audit.text and "stopped" in audit.text
         assert job_page in audit.text
@@ -254,22 +257,15 @@ async def test_users_of_the_users_file_are_audited_by_their_own_name(
 
 
 async def test_a_replay_cut_short_by_a_restart_says_so(
-    database_url: str,
-    amqp_url: str,
-    pool: asyncpg.Pool,
-    queue_name: str,
-    amqp_connection: amqp.Connection,
-    broker_cleanup: BrokerCleanup,
+    database_url: str, amqp_url: str, pool: asyncpg.Pool, idle_queue: str
 ) -> None:
-    channel = await amqp_connection.channel()
-    await channel.declare_queue(broker_cleanup.queue(queue_name))
     for n in range(2):
-        await insert_dead(pool, queue_name, f"k{n}", b"{}")
+        await insert_dead(pool, idle_queue, f"k{n}", b"{}")
     config = config_for(database_url, amqp_url, canary_timeout=60)
     async with console_client(config) as first:
         await log_in(first)
         token = csrf_of((await first.get("/messages")).text)
-        keys = [json.dumps([queue_name, f"k{n}"]) for n in range(2)]
+        keys = [json.dumps([idle_queue, f"k{n}"]) for n in range(2)]
         started = await first.post(
             "/actions/replay",
             data={"csrf": token, "key": keys, "canary": "on"},

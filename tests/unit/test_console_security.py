@@ -168,3 +168,13 @@ def test_the_chart_is_svg_without_script() -> None:
     drawn = chart.svg([chart.Minute(3, 1), chart.Minute(0, 2)], "<orders>")
     assert drawn.startswith("<svg") and "<script" not in drawn
     assert "&lt;orders&gt;: 3 handled, 3 died in the last 2 minutes" in drawn
+
+
+def test_a_users_file_line_is_made_from_a_typed_password(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(users.getpass, "getpass", lambda prompt: "typed twice")
+    assert users.main(["dana"]) == 0
+    name, _, stored = capsys.readouterr().out.strip().partition(":")
+    assert name == "dana" and security.verify_password("typed twice", stored)
+    assert users.main(["not a name"]) == 2
