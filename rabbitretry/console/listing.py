@@ -2,8 +2,8 @@
 
 A page is found from the row before it (the cursor), never by an offset, so page 2,000 of a
 100,000-row list costs what page 1 costs, and rows arriving meanwhile do not shift the pages.
-Sort columns come from fixed tables (never from the request), so the statements below are put
-together from known pieces only; every value travels as a parameter.
+The statements (``sql/console.sql``) sort by a column named in a parameter, one of the fixed
+tables below (never anything else from the request).
 """
 
 from __future__ import annotations
@@ -25,45 +25,35 @@ from rabbitretry.operations import Filter, OperationError
 PAGE = 50
 PAGING_FIELDS = ("sort", "dir", "after", "before", "page")
 
-# What a filter matches ($1 statuses ... $7 text): the conditions of the CLI's list, taken
-# from its statement, so that a filter means the same in a terminal and on a page.
-MATCHING = query("operations_list").split("WHERE", 1)[1].split("ORDER BY", 1)[0]
-
 
 @dataclass(frozen=True)
 class Column:
-    expression: str
     type: str
+    """``time``, ``number`` or ``text``: which of the statements' sort slots it fills."""
     descending: bool
     """The order a click on the column first gives (newest, largest first)."""
 
+    def value(self, text: str) -> Any:
+        """A cursor's sort value, back to this column's type."""
+        if self.type == "time":
+            return datetime.fromisoformat(text)
+        return int(text) if self.type == "number" else text
+
 
 MESSAGE_COLUMNS = {
-    "changed": Column("coalesce(finished_at, updated_at)", "timestamptz", True),
-    "first_seen": Column("first_seen", "timestamptz", True),
-    "attempts": Column("attempts", "integer", True),
-    "queue": Column("queue", "text", False),
-    "key": Column("message_id", "text", False),
+    "changed": Column("time", True),
+    "first_seen": Column("time", True),
+    "attempts": Column("number", True),
+    "queue": Column("text", False),
+    "key": Column("text", False),
 }
 GROUP_COLUMNS = {
-    "messages": Column("messages", "bigint", True),
-    "last_seen": Column("last_seen", "timestamptz", True),
-    "first_seen": Column("first_seen", "timestamptz", True),
-    "queue": Column("queue", "text", False),
+    "messages": Column("number", True),
+    "last_seen": Column("time", True),
+    "first_seen": Column("time", True),
+    "queue": Column("text", False),
 }
-MESSAGE_ROW = """queue, message_id, status, attempts, max_attempts, reason, error_type,
-error_message, error_fingerprint, first_seen, finished_at, next_retry_at, replays,
-coalesce(finished_at, updated_at) AS changed_at"""
-GROUPS = f"""
-SELECT queue, coalesce(error_fingerprint, '') AS fingerprint,
-       min(coalesce(error_type, reason)) AS error_type,
-       min(coalesce(error_message, reason, '')) AS example_message,
-       count(*) AS messages,
-       min(coalesce(finished_at, updated_at)) AS first_seen,
-       max(coalesce(finished_at, updated_at)) AS last_seen
-FROM rabbitretry.ledger WHERE {MATCHING}
-GROUP BY queue, coalesce(error_fingerprint, '')
-"""
+SLOTS = ("time", "number", "text")
 
 
 @dataclass(frozen=True)
@@ -133,49 +123,26 @@ def _cursor(text: str | None) -> list[Any] | None:
 
 
 async def messages(pool: Pool, selection: Filter, order: Order) -> Page:
-    column = MESSAGE_COLUMNS[order.column]
-    source = f"SELECT {MESSAGE_ROW}, {column.expression} AS sort_value FROM rabbitretry.ledger"
-    return await _page(
-        pool,
-        f"{source} WHERE {MATCHING}",
-        f"SELECT count(*) FROM rabbitretry.ledger WHERE {MATCHING}",
-        column,
-        ("queue", "message_id"),
-        selection,
-        order,
-    )
+    return await _page(pool, "console_messages_page", MESSAGE_COLUMNS, selection, order)
 
 
 async def groups(pool: Pool, selection: Filter, order: Order) -> Page:
-    column = GROUP_COLUMNS[order.column]
-    return await _page(
-        pool,
-        f"SELECT *, {column.expression} AS sort_value FROM ({GROUPS}) AS g WHERE true",
-        f"SELECT count(*) FROM ({GROUPS}) AS g",
-        column,
-        ("queue", "fingerprint"),
-        selection,
-        order,
-    )
+    return await _page(pool, "console_groups_page", GROUP_COLUMNS, selection, order)
 
 
 async def _page(
-    pool: Pool,
-    source: str,
-    counting: str,
-    column: Column,
-    tie: tuple[str, str],
-    selection: Filter,
-    order: Order,
+    pool: Pool, statement: str, columns: dict[str, Column], selection: Filter, order: Order
 ) -> Page:
-    cursor = order.after or order.before
+    column = columns[order.column]
     backwards = order.before is not None or order.last
     # Walking backwards, fetch in the opposite order, then turn the rows round.
     descending = order.descending != backwards
-    statement = _statement(source, column, tie, descending, with_cursor=cursor is not None)
-    async with pool.acquire() as conn:
-        rows = list(await conn.fetch(statement, *_matching(selection), PAGE + 1, *(cursor or [])))
-        total = await conn.fetchval(counting, *_matching(selection))
+    cursor = _cursor_parameters(column, order.after or order.before)
+    rows = list(
+        await pool.fetch(
+            query(statement), *_matching(selection), PAGE + 1, order.column, descending, *cursor
+        )
+    )
     more = len(rows) > PAGE
     rows = rows[:PAGE]
     if backwards:
@@ -183,47 +150,51 @@ async def _page(
         has_previous, has_next = more, order.before is not None
     else:
         has_previous, has_next = order.after is not None, more
+    if rows:
+        total = rows[0]["total"]
+    else:  # past the end (a stale link): count from the first page
+        total = await _count(pool, statement, selection, order) if any(cursor) else 0
     return Page(
         rows,
         int(total),
         order,
-        next=_cursor_at(rows[-1], tie) if rows and has_next else None,
-        previous=_cursor_at(rows[0], tie) if rows and has_previous else None,
+        next=_cursor_at(rows[-1], column) if rows and has_next else None,
+        previous=_cursor_at(rows[0], column) if rows and has_previous else None,
     )
 
 
-def _statement(
-    source: str, column: Column, tie: tuple[str, str], descending: bool, *, with_cursor: bool
-) -> str:
-    """A page of ``source``: $8 rows, after the cursor ($9 sort value, $10 and $11 the tie)."""
-    statement = f"SELECT * FROM ({source}) AS listed"
-    if with_cursor:
-        statement += (
-            f" WHERE (sort_value, {tie[0]}, {tie[1]}) {'<' if descending else '>'}"
-            f" ($9::text::{column.type}, $10::text, $11::text)"
-        )
-    direction = "DESC" if descending else "ASC"
-    return statement + (
-        f" ORDER BY sort_value {direction}, {tie[0]} {direction}, {tie[1]} {direction} LIMIT $8"
+async def _count(pool: Pool, statement: str, selection: Filter, order: Order) -> int:
+    """How many match: the total the first page carries."""
+    first = await pool.fetchrow(
+        query(statement), *_matching(selection), 1, order.column, True, *[None] * 5
     )
+    return int(first["total"]) if first else 0
+
+
+def _cursor_parameters(column: Column, cursor: list[Any] | None) -> list[Any]:
+    """$11 to $15: the cursor's sort value in its type's slot, and its tie."""
+    if cursor is None:
+        return [None] * 5
+    value, tie_1, tie_2 = cursor
+    slots = [column.value(value) if slot == column.type else None for slot in SLOTS]
+    return [*slots, tie_1, tie_2]
 
 
 def _matching(selection: Filter) -> list[Any]:
-    """The parameters of MATCHING ($1 to $7): the filter's, without its limit."""
+    """The parameters of the filter ($1 to $7), without its limit."""
     return selection.params()[:7]
 
 
-def _cursor_at(row: Record, tie: tuple[str, str]) -> str:
-    return cursor_of([row["sort_value"], row[tie[0]], row[tie[1]]])
+def _cursor_at(row: Record, column: Column) -> str:
+    return cursor_of([row[f"sort_{column.type}"], row["tie_1"], row["tie_2"]])
 
 
 async def dead_matching(pool: Pool, selection: Filter, before: datetime) -> list[Key]:
     """Every dead letter the filter matches that died at or before ``before``, oldest death
     first: the targets of a bulk action, taken once (messages dying later are not swept in)."""
+    until = min(selection.until, before) if selection.until else before
+    dead = replace(selection, statuses=("dead",), until=until)
     rows = await pool.fetch(
-        f"SELECT queue, message_id FROM rabbitretry.ledger WHERE {MATCHING}"
-        " AND finished_at <= $8 ORDER BY finished_at, queue, message_id",
-        *_matching(replace(selection, statuses=("dead",))),
-        before,
+        query("console_messages_page"), *_matching(dead), None, "changed", False, *[None] * 5
     )
     return [Key(r["queue"], r["message_id"]) for r in rows]

@@ -54,3 +54,94 @@ FROM rabbitretry.ledger
 WHERE status IN ('succeeded', 'skipped', 'dead')
   AND finished_at >= date_trunc('minute', now()) - make_interval(mins => $1 - 1)
 GROUP BY queue, minute;
+
+-- The console's lists, a keyset page at a time (see rabbitretry/console/listing.py).
+-- $1-$7 the filter of operations_list; $8 rows (NULL: all); $9 the sort column; $10 true for
+-- descending; the cursor (the row before the page, NULL for the first page): its sort value
+-- in the slot of its type ($11 time, $12 number, $13 text) and its tie ($14, $15). Exactly one
+-- of sort_time, sort_number and sort_text is set, by $9, so comparing all three compares it.
+-- "total" counts every match, whichever page this is.
+
+-- name: console_messages_page
+-- Not materialized: the page is a top-N sort of the matches and the total a count of them,
+-- each planned on its own (materializing every matching row costs more than both).
+WITH listed AS NOT MATERIALIZED (
+    SELECT queue, message_id, status, attempts, max_attempts, reason, error_type, error_message,
+           error_fingerprint, first_seen, finished_at, next_retry_at, replays,
+           coalesce(finished_at, updated_at) AS changed_at,
+           CASE $9 WHEN 'changed' THEN coalesce(finished_at, updated_at)
+                   WHEN 'first_seen' THEN first_seen END AS sort_time,
+           CASE $9 WHEN 'attempts' THEN attempts::bigint END AS sort_number,
+           CASE $9 WHEN 'queue' THEN queue WHEN 'key' THEN message_id END AS sort_text,
+           queue AS tie_1, message_id AS tie_2
+    FROM rabbitretry.ledger
+    WHERE status = ANY($1::text[])
+      AND ($2::text IS NULL OR queue = $2)
+      AND ($3::text IS NULL OR error_type = $3 OR reason = $3)
+      AND ($4::text IS NULL OR error_fingerprint = $4)
+      AND ($5::timestamptz IS NULL OR coalesce(finished_at, updated_at) >= $5)
+      AND ($6::timestamptz IS NULL OR coalesce(finished_at, updated_at) <= $6)
+      AND ($7::text IS NULL OR strpos(lower(message_id), lower($7)) > 0
+           OR strpos(lower(coalesce(error_type, '')), lower($7)) > 0
+           OR strpos(lower(coalesce(error_message, '')), lower($7)) > 0)
+)
+SELECT *, (SELECT count(*) FROM listed) AS total FROM listed
+WHERE $14::text IS NULL OR CASE WHEN $10::boolean
+    THEN (coalesce(sort_time, '-infinity'), coalesce(sort_number, 0), coalesce(sort_text, ''),
+          tie_1, tie_2)
+       < (coalesce($11::timestamptz, '-infinity'), coalesce($12::bigint, 0),
+          coalesce($13::text, ''), $14, $15::text)
+    ELSE (coalesce(sort_time, '-infinity'), coalesce(sort_number, 0), coalesce(sort_text, ''),
+          tie_1, tie_2)
+       > (coalesce($11::timestamptz, '-infinity'), coalesce($12::bigint, 0),
+          coalesce($13::text, ''), $14, $15::text) END
+ORDER BY CASE WHEN $10 THEN sort_time END DESC, CASE WHEN $10 THEN sort_number END DESC,
+         CASE WHEN $10 THEN sort_text END DESC, CASE WHEN $10 THEN tie_1 END DESC,
+         CASE WHEN $10 THEN tie_2 END DESC,
+         sort_time, sort_number, sort_text, tie_1, tie_2
+LIMIT $8;
+
+-- name: console_groups_page
+-- The same, over the matching messages grouped by queue and error fingerprint.
+WITH grouped AS (
+    SELECT queue, coalesce(error_fingerprint, '') AS fingerprint,
+           min(coalesce(error_type, reason)) AS error_type,
+           min(coalesce(error_message, reason, '')) AS example_message,
+           count(*) AS messages,
+           min(coalesce(finished_at, updated_at)) AS first_seen,
+           max(coalesce(finished_at, updated_at)) AS last_seen
+    FROM rabbitretry.ledger
+    WHERE status = ANY($1::text[])
+      AND ($2::text IS NULL OR queue = $2)
+      AND ($3::text IS NULL OR error_type = $3 OR reason = $3)
+      AND ($4::text IS NULL OR error_fingerprint = $4)
+      AND ($5::timestamptz IS NULL OR coalesce(finished_at, updated_at) >= $5)
+      AND ($6::timestamptz IS NULL OR coalesce(finished_at, updated_at) <= $6)
+      AND ($7::text IS NULL OR strpos(lower(message_id), lower($7)) > 0
+           OR strpos(lower(coalesce(error_type, '')), lower($7)) > 0
+           OR strpos(lower(coalesce(error_message, '')), lower($7)) > 0)
+    GROUP BY queue, coalesce(error_fingerprint, '')
+), listed AS (
+    SELECT *, count(*) OVER () AS total,
+           CASE $9 WHEN 'last_seen' THEN last_seen WHEN 'first_seen' THEN first_seen
+           END AS sort_time,
+           CASE $9 WHEN 'messages' THEN messages END AS sort_number,
+           CASE $9 WHEN 'queue' THEN queue END AS sort_text,
+           queue AS tie_1, fingerprint AS tie_2
+    FROM grouped
+)
+SELECT * FROM listed
+WHERE $14::text IS NULL OR CASE WHEN $10::boolean
+    THEN (coalesce(sort_time, '-infinity'), coalesce(sort_number, 0), coalesce(sort_text, ''),
+          tie_1, tie_2)
+       < (coalesce($11::timestamptz, '-infinity'), coalesce($12::bigint, 0),
+          coalesce($13::text, ''), $14, $15::text)
+    ELSE (coalesce(sort_time, '-infinity'), coalesce(sort_number, 0), coalesce(sort_text, ''),
+          tie_1, tie_2)
+       > (coalesce($11::timestamptz, '-infinity'), coalesce($12::bigint, 0),
+          coalesce($13::text, ''), $14, $15::text) END
+ORDER BY CASE WHEN $10 THEN sort_time END DESC, CASE WHEN $10 THEN sort_number END DESC,
+         CASE WHEN $10 THEN sort_text END DESC, CASE WHEN $10 THEN tie_1 END DESC,
+         CASE WHEN $10 THEN tie_2 END DESC,
+         sort_time, sort_number, sort_text, tie_1, tie_2
+LIMIT $8;
