@@ -75,26 +75,12 @@ WITH listed AS NOT MATERIALIZED (
            CASE $9 WHEN 'queue' THEN queue WHEN 'key' THEN message_id END AS sort_text,
            queue AS tie_1, message_id AS tie_2
     FROM rabbitretry.ledger
-    WHERE status = ANY($1::text[])
-      AND ($2::text IS NULL OR queue = $2)
-      AND ($3::text IS NULL OR error_type = $3 OR reason = $3)
-      AND ($4::text IS NULL OR error_fingerprint = $4)
-      AND ($5::timestamptz IS NULL OR coalesce(finished_at, updated_at) >= $5)
-      AND ($6::timestamptz IS NULL OR coalesce(finished_at, updated_at) <= $6)
-      AND ($7::text IS NULL OR strpos(lower(message_id), lower($7)) > 0
-           OR strpos(lower(coalesce(error_type, '')), lower($7)) > 0
-           OR strpos(lower(coalesce(error_message, '')), lower($7)) > 0)
+    WHERE rabbitretry.operator_filter(ledger, $1::text[], $2::text, $3::text, $4::text,
+                                     $5::timestamptz, $6::timestamptz, $7::text)
 )
 SELECT *, (SELECT count(*) FROM listed) AS total FROM listed
-WHERE $14::text IS NULL OR CASE WHEN $10::boolean
-    THEN (coalesce(sort_time, '-infinity'), coalesce(sort_number, 0), coalesce(sort_text, ''),
-          tie_1, tie_2)
-       < (coalesce($11::timestamptz, '-infinity'), coalesce($12::bigint, 0),
-          coalesce($13::text, ''), $14, $15::text)
-    ELSE (coalesce(sort_time, '-infinity'), coalesce(sort_number, 0), coalesce(sort_text, ''),
-          tie_1, tie_2)
-       > (coalesce($11::timestamptz, '-infinity'), coalesce($12::bigint, 0),
-          coalesce($13::text, ''), $14, $15::text) END
+WHERE rabbitretry.console_after(sort_time, sort_number, sort_text, tie_1, tie_2, $10::boolean,
+                                $11::timestamptz, $12::bigint, $13::text, $14::text, $15::text)
 ORDER BY CASE WHEN $10 THEN sort_time END DESC, CASE WHEN $10 THEN sort_number END DESC,
          CASE WHEN $10 THEN sort_text END DESC, CASE WHEN $10 THEN tie_1 END DESC,
          CASE WHEN $10 THEN tie_2 END DESC,
@@ -111,15 +97,8 @@ WITH grouped AS (
            min(coalesce(finished_at, updated_at)) AS first_seen,
            max(coalesce(finished_at, updated_at)) AS last_seen
     FROM rabbitretry.ledger
-    WHERE status = ANY($1::text[])
-      AND ($2::text IS NULL OR queue = $2)
-      AND ($3::text IS NULL OR error_type = $3 OR reason = $3)
-      AND ($4::text IS NULL OR error_fingerprint = $4)
-      AND ($5::timestamptz IS NULL OR coalesce(finished_at, updated_at) >= $5)
-      AND ($6::timestamptz IS NULL OR coalesce(finished_at, updated_at) <= $6)
-      AND ($7::text IS NULL OR strpos(lower(message_id), lower($7)) > 0
-           OR strpos(lower(coalesce(error_type, '')), lower($7)) > 0
-           OR strpos(lower(coalesce(error_message, '')), lower($7)) > 0)
+    WHERE rabbitretry.operator_filter(ledger, $1::text[], $2::text, $3::text, $4::text,
+                                     $5::timestamptz, $6::timestamptz, $7::text)
     GROUP BY queue, coalesce(error_fingerprint, '')
 ), listed AS (
     SELECT *, count(*) OVER () AS total,
@@ -131,15 +110,8 @@ WITH grouped AS (
     FROM grouped
 )
 SELECT * FROM listed
-WHERE $14::text IS NULL OR CASE WHEN $10::boolean
-    THEN (coalesce(sort_time, '-infinity'), coalesce(sort_number, 0), coalesce(sort_text, ''),
-          tie_1, tie_2)
-       < (coalesce($11::timestamptz, '-infinity'), coalesce($12::bigint, 0),
-          coalesce($13::text, ''), $14, $15::text)
-    ELSE (coalesce(sort_time, '-infinity'), coalesce(sort_number, 0), coalesce(sort_text, ''),
-          tie_1, tie_2)
-       > (coalesce($11::timestamptz, '-infinity'), coalesce($12::bigint, 0),
-          coalesce($13::text, ''), $14, $15::text) END
+WHERE rabbitretry.console_after(sort_time, sort_number, sort_text, tie_1, tie_2, $10::boolean,
+                                $11::timestamptz, $12::bigint, $13::text, $14::text, $15::text)
 ORDER BY CASE WHEN $10 THEN sort_time END DESC, CASE WHEN $10 THEN sort_number END DESC,
          CASE WHEN $10 THEN sort_text END DESC, CASE WHEN $10 THEN tie_1 END DESC,
          CASE WHEN $10 THEN tie_2 END DESC,

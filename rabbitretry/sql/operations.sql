@@ -9,15 +9,8 @@ SELECT queue, message_id, status, attempts, max_attempts, reason, error_type, er
        error_fingerprint, first_seen, finished_at, next_retry_at, replays,
        coalesce(finished_at, updated_at) AS changed_at
 FROM rabbitretry.ledger
-WHERE status = ANY($1::text[])
-  AND ($2::text IS NULL OR queue = $2)
-  AND ($3::text IS NULL OR error_type = $3 OR reason = $3)
-  AND ($4::text IS NULL OR error_fingerprint = $4)
-  AND ($5::timestamptz IS NULL OR coalesce(finished_at, updated_at) >= $5)
-  AND ($6::timestamptz IS NULL OR coalesce(finished_at, updated_at) <= $6)
-  AND ($7::text IS NULL OR strpos(lower(message_id), lower($7)) > 0
-       OR strpos(lower(coalesce(error_type, '')), lower($7)) > 0
-       OR strpos(lower(coalesce(error_message, '')), lower($7)) > 0)
+WHERE rabbitretry.operator_filter(ledger, $1::text[], $2::text, $3::text, $4::text,
+                                 $5::timestamptz, $6::timestamptz, $7::text)
 ORDER BY coalesce(finished_at, updated_at) DESC, queue, message_id
 LIMIT $8;
 
@@ -30,15 +23,8 @@ SELECT queue, error_fingerprint AS fingerprint,
        min(coalesce(finished_at, updated_at)) AS first_seen,
        max(coalesce(finished_at, updated_at)) AS last_seen
 FROM rabbitretry.ledger
-WHERE status = ANY($1::text[])
-  AND ($2::text IS NULL OR queue = $2)
-  AND ($3::text IS NULL OR error_type = $3 OR reason = $3)
-  AND ($4::text IS NULL OR error_fingerprint = $4)
-  AND ($5::timestamptz IS NULL OR coalesce(finished_at, updated_at) >= $5)
-  AND ($6::timestamptz IS NULL OR coalesce(finished_at, updated_at) <= $6)
-  AND ($7::text IS NULL OR strpos(lower(message_id), lower($7)) > 0
-       OR strpos(lower(coalesce(error_type, '')), lower($7)) > 0
-       OR strpos(lower(coalesce(error_message, '')), lower($7)) > 0)
+WHERE rabbitretry.operator_filter(ledger, $1::text[], $2::text, $3::text, $4::text,
+                                 $5::timestamptz, $6::timestamptz, $7::text)
 GROUP BY queue, error_fingerprint
 ORDER BY count(*) DESC, max(coalesce(finished_at, updated_at)) DESC
 LIMIT $8;
@@ -95,15 +81,8 @@ SELECT queue, message_id, status, attempts, reason, error_type, error_message,
        error_fingerprint, first_seen, finished_at, payload, headers, properties, exchange,
        routing_key, replays
 FROM rabbitretry.ledger
-WHERE status = ANY($1::text[])
-  AND ($2::text IS NULL OR queue = $2)
-  AND ($3::text IS NULL OR error_type = $3 OR reason = $3)
-  AND ($4::text IS NULL OR error_fingerprint = $4)
-  AND ($5::timestamptz IS NULL OR coalesce(finished_at, updated_at) >= $5)
-  AND ($6::timestamptz IS NULL OR coalesce(finished_at, updated_at) <= $6)
-  AND ($7::text IS NULL OR strpos(lower(message_id), lower($7)) > 0
-       OR strpos(lower(coalesce(error_type, '')), lower($7)) > 0
-       OR strpos(lower(coalesce(error_message, '')), lower($7)) > 0)
+WHERE rabbitretry.operator_filter(ledger, $1::text[], $2::text, $3::text, $4::text,
+                                 $5::timestamptz, $6::timestamptz, $7::text)
 ORDER BY coalesce(finished_at, updated_at), queue, message_id
 LIMIT $8;
 
