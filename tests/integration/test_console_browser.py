@@ -2,7 +2,9 @@
 
 An operator logs in, filters, opens a group and retries it with a canary, ignores a message
 with a comment, edits one and retries it; the ledger and the audit table are checked after
-each step. Set RABBITRETRY_SCREENSHOTS=docs/images to refresh the documentation's pictures.
+each step. On a ledger of 100,000 dead letters, another pages, sorts, ignores a whole group
+and undoes it, and retries all a filter matches; hostile keys must not bend the layout. Set
+RABBITRETRY_SCREENSHOTS=docs/images to refresh the documentation's pictures.
 """
 
 from __future__ import annotations
