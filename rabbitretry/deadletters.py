@@ -25,11 +25,13 @@ async def replay_one(
     actor: str,
     body: bytes | None = None,
     comment: str | None = None,
+    batch: str | None = None,
 ) -> bool:
     """Replay one dead letter; False when it is no longer dead (already replayed, ignored).
 
     With ``body``, the stored payload is replaced first (an operator's fix), in the same
-    transaction, so the ledger always holds what was published.
+    transaction, so the ledger always holds what was published. ``batch`` names the replay
+    of many messages this one is part of, in its audit row.
     """
     async with pool.acquire() as conn, conn.transaction():
         row = await conn.fetchrow(query("lock_dead"), key.queue, key.message_id)
@@ -48,6 +50,7 @@ async def replay_one(
             _detail(row, edited_from=snapshot.body if body is not None else None),
             1,
             comment,
+            batch,
         )
         with tracing.replay_span(
             key.queue, key.message_id, snapshot.headers, actor=actor, edited=body is not None

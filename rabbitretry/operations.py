@@ -18,6 +18,7 @@ import base64
 import contextlib
 import json
 import re
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -27,11 +28,12 @@ from typing import Any
 import pydantic
 
 from rabbitretry import amqp, deadletters, ledger
-from rabbitretry.db import Pool, Record, query
+from rabbitretry.db import Executor, Pool, Record, query
 from rabbitretry.errors import RabbitRetryError
 
 STATUSES = ("dead", "retrying", "ignored")
 DEFAULT_LIMIT = 100
+KEYS_KEPT = 1000  # replayed keys a report lists; a group may be a million
 
 
 class OperationError(RabbitRetryError):
@@ -169,6 +171,7 @@ class ReplayReport:
     """The canary's key and final status, e.g. ``orders/42 succeeded``."""
     stopped: str | None = None
     keys: list[str] = field(default_factory=list)
+    """The first replayed keys (at most ``KEYS_KEPT``)."""
 
     def summary(self) -> str:
         text = f"replayed {self.replayed} of {self.targets}"
@@ -209,8 +212,10 @@ async def history(pool: Pool, key: ledger.Key) -> tuple[list[Record], list[Recor
     return list(attempts), list(audit)
 
 
-async def recent_audit(pool: Pool, limit: int = 50) -> list[Record]:
-    return list(await pool.fetch(query("operations_recent_audit"), limit))
+async def recent_audit(pool: Pool, limit: int = 50, *, every_row: bool = False) -> list[Record]:
+    """The latest audit rows, one per operation (an action on many messages is its summary
+    row); with ``every_row``, also each message's own row."""
+    return list(await pool.fetch(query("operations_recent_audit"), limit, every_row))
 
 
 async def replay_targets(
@@ -221,9 +226,10 @@ async def replay_targets(
     fingerprint: str | None = None,
     error: str | None = None,
     before: datetime | None = None,
-    limit: int = 100_000,
+    limit: int | None = None,
 ) -> list[ledger.Key]:
-    """The dead letters a replay applies to, oldest death first, taken once (the cutoff)."""
+    """The dead letters a replay applies to, oldest death first, taken once (the cutoff);
+    all of them unless ``limit`` is given."""
     rows = await pool.fetch(
         query("operations_replay_targets"),
         [str(k) for k in keys] if keys is not None else None,
@@ -240,7 +246,7 @@ async def replay_targets(
 
 
 async def audit(
-    pool: Pool,
+    executor: Executor,
     actor: str,
     action: str,
     *,
@@ -249,8 +255,10 @@ async def audit(
     messages: int = 1,
     comment: str | None = None,
     detail: dict[str, Any] | None = None,
+    batch: str | None = None,
 ) -> None:
-    await pool.execute(
+    """One audit row (in ``executor``'s transaction, when it is a connection in one)."""
+    await executor.execute(
         query("operations_audit"),
         actor,
         action,
@@ -259,6 +267,7 @@ async def audit(
         json.dumps(detail or {}, default=str),
         messages,
         comment or None,
+        batch,
     )
 
 
@@ -286,18 +295,22 @@ async def replay(
     canary_timeout: float = 60.0,
     description: dict[str, Any] | None = None,
     on_progress: Progress | None = None,
+    batch: str | None = None,
 ) -> ReplayReport:
     """Replay ``targets`` at most ``rate`` per second; with ``canary``, the first one alone.
 
     The canary is replayed, then the ledger is watched until a worker finishes it: only if it
     succeeded are the others replayed. A canary that dies again, is skipped or is still not
     finished after ``canary_timeout`` seconds stops the operation, and the report says so.
+    A replay of several messages is audited as one ``replay-batch`` row, and each message's
+    own row names it (``batch``: given, else made up).
     """
     report = ReplayReport(targets=len(targets))
     rest = list(targets)
+    batch = (batch or secrets.token_hex(6)) if len(targets) > 1 else None
     if canary and rest:
         first = rest.pop(0)
-        await _replay_counted(pool, sender, first, actor, report)
+        await _replay_counted(pool, sender, first, actor, report, batch)
         status = await wait_finished(pool, first, timeout=canary_timeout)
         report.canary = f"{first} {status or 'unfinished'}"
         if status != "succeeded":
@@ -311,7 +324,7 @@ async def replay(
     started = time.monotonic()
     for index, key in enumerate(rest):
         await asyncio.sleep(pause_before(index, rate, started, time.monotonic()))
-        await _replay_counted(pool, sender, key, actor, report)
+        await _replay_counted(pool, sender, key, actor, report, batch)
         if on_progress:
             on_progress(report)
     if len(targets) > 1:
@@ -322,6 +335,7 @@ async def replay(
             queue=_one_queue(targets),
             messages=report.replayed,
             detail={**(description or {}), **asdict(report), "rate": rate, "keys": None},
+            batch=batch,
         )
     return report
 
@@ -332,10 +346,12 @@ async def _replay_counted(
     key: ledger.Key,
     actor: str,
     report: ReplayReport,
+    batch: str | None,
 ) -> None:
-    if await deadletters.replay_one(pool, sender, key, actor=actor):
+    if await deadletters.replay_one(pool, sender, key, actor=actor, batch=batch):
         report.replayed += 1
-        report.keys.append(str(key))
+        if len(report.keys) < KEYS_KEPT:
+            report.keys.append(str(key))
     else:
         report.skipped += 1
 
@@ -380,8 +396,65 @@ async def ignore(pool: Pool, key: ledger.Key, *, actor: str, comment: str) -> bo
             json.dumps({"status_before": before}),
             1,
             comment.strip(),
+            None,
         )
     return True
+
+
+async def ignore_many(
+    pool: Pool,
+    keys: Sequence[ledger.Key],
+    *,
+    actor: str,
+    comment: str,
+    description: dict[str, Any] | None = None,
+) -> tuple[str, int]:
+    """Mark the dead letters among ``keys`` ``ignored``, in one transaction; the batch that
+    names them in the audit (for :func:`unignore`) and how many were ignored."""
+    if not comment.strip():
+        raise OperationError("say why they are ignored: a comment is required")
+    batch = secrets.token_hex(6)
+    async with pool.acquire() as conn, conn.transaction():
+        status = await conn.execute(
+            query("operations_ignore_many"),
+            [k.queue for k in keys],
+            [k.message_id for k in keys],
+            actor,
+            comment.strip(),
+            batch,
+        )
+        ignored = int(status.split()[-1])
+        await audit(
+            conn,
+            actor,
+            "ignore-batch",
+            queue=_one_queue(keys) if keys else None,
+            messages=ignored,
+            comment=comment.strip(),
+            detail=description,
+            batch=batch,
+        )
+    return batch, ignored
+
+
+async def unignore(pool: Pool, batch: str, *, actor: str, comment: str | None = None) -> int:
+    """Undo an :func:`ignore_many`: its messages still ignored are dead again; how many."""
+    undo = secrets.token_hex(6)
+    async with pool.acquire() as conn, conn.transaction():
+        status = await conn.execute(
+            query("operations_unignore_batch"), batch, actor, comment or None, undo
+        )
+        undone = int(status.split()[-1])
+        await audit(
+            conn,
+            actor,
+            "unignore-batch",
+            messages=undone,
+            comment=comment,
+            detail={"undoes": batch},
+            batch=undo,
+        )
+    return undone
 
 
 async def edit_and_replay(

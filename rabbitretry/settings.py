@@ -27,3 +27,4 @@ class Settings(BaseSettings):
     console_token: str | None = None
     console_user: str | None = None
     console_password: str | None = None
+    console_users_file: str | None = None

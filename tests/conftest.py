@@ -109,7 +109,7 @@ def server_database_url() -> str:
     return url
 
 
-def _with_database(url: str, name: str) -> str:
+def with_database(url: str, name: str) -> str:
     return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
 
 
@@ -124,7 +124,7 @@ def template_database(server_database_url: str) -> Iterator[str]:
             await conn.execute(f"CREATE DATABASE {TEMPLATE_DB}")
         finally:
             await conn.close()
-        tmpl = await asyncpg.connect(_with_database(server_database_url, TEMPLATE_DB))
+        tmpl = await asyncpg.connect(with_database(server_database_url, TEMPLATE_DB))
         try:
             await db.migrate(tmpl)
         finally:
@@ -153,7 +153,7 @@ async def fresh_database(server_url: str, template: str | None) -> AsyncIterator
         )
     finally:
         await admin.close()
-    yield _with_database(server_url, name)
+    yield with_database(server_url, name)
     admin = await asyncpg.connect(server_url)
     try:
         await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

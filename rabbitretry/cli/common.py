@@ -141,6 +141,10 @@ class Config:
     def console_password(self) -> str | None:
         return self._values.console_password
 
+    @property
+    def console_users_file(self) -> str | None:
+        return self._values.console_users_file
+
 
 DatabaseOption = Annotated[
     str | None,

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 import uvicorn
 
-from rabbitretry import db
+from rabbitretry import amqp, db
 from rabbitretry.cli.common import (
     Config,
     UserError,
@@ -20,7 +20,15 @@ from rabbitretry.cli.common import (
     run_async,
     settings,
 )
-from rabbitretry.console import Auth, ConsoleConfig, ConsoleRefused, check_startup, create_app
+from rabbitretry.console import (
+    Auth,
+    ConsoleConfig,
+    ConsoleRefused,
+    check_startup,
+    create_app,
+    security,
+    users,
+)
 from rabbitretry.settings import mask_url
 
 log = logging.getLogger("rabbitretry.console")
@@ -38,6 +46,14 @@ def console(
             "--no-auth", help="Serve without a login (only on 127.0.0.1, for a local look)."
         ),
     ] = False,
+    allowed_hosts: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-host",
+            help="Another host name (or address) the console is reached by, e.g. behind a "
+            "proxy (repeat for several); other Host headers are refused.",
+        ),
+    ] = None,
     consumers: Annotated[
         list[str] | None,
         typer.Option(
@@ -50,17 +66,23 @@ def console(
 ) -> None:
     """Serve the web console: dead and retrying messages, groups, retries, ignores and edits.
 
-    Log in with RABBITRETRY_CONSOLE_TOKEN, or RABBITRETRY_CONSOLE_USER and
-    RABBITRETRY_CONSOLE_PASSWORD. Every action is recorded in the audit table with your name.
+    Log in with RABBITRETRY_CONSOLE_TOKEN, a user of RABBITRETRY_CONSOLE_USERS_FILE, or
+    RABBITRETRY_CONSOLE_USER and RABBITRETRY_CONSOLE_PASSWORD. Every action is recorded in the
+    audit table with your name.
     """
     config = settings()
-    auth = Auth(config.console_token, config.console_user, config.console_password)
     try:
+        auth = Auth(
+            config.console_token,
+            config.console_user,
+            config.console_password,
+            users.load(config.console_users_file) if config.console_users_file else {},
+        )
         check_startup(auth, host, no_auth)
         models = {c.queue: c.payload_adapter for c in map(load_consumer, consumers or [])}
     except (ConsoleRefused, UserError) as error:
         fail(str(error), 2)
-    run_async(_check_ledger)(config)
+    run_async(_check_services)(config)
     configure_logging(verbose)
     app = create_app(
         ConsoleConfig(
@@ -69,6 +91,7 @@ def console(
             auth=auth,
             no_auth=no_auth,
             models=models,
+            allowed_hosts=security.allowed_hosts(host, tuple(allowed_hosts or ())),
         )
     )
     log.info(
@@ -81,9 +104,10 @@ def console(
     uvicorn.run(app, host=host, port=port, log_level="info" if verbose else "warning")
 
 
-async def _check_ledger(config: Config) -> None:
-    """Fail at start, in one line, rather than on the first page (both URLs checked)."""
-    config.amqp_url  # noqa: B018 (checked now, used by the console's replays)
+async def _check_services(config: Config) -> None:
+    """Fail at start, in one line, rather than on the first page or the first replay."""
+    connection = await amqp.connect(config.amqp_url, name="rabbitretry-console-check")
+    await connection.close()
     pool = await db.create_pool(config.database_url, min_size=1, max_size=1)
     try:
         async with pool.acquire() as conn:

@@ -17,7 +17,7 @@ from rabbitretry import db
 from rabbitretry.console import views
 from rabbitretry.console.app import Authenticate, ConsoleConfig, http_error, operation_error
 from rabbitretry.console.jobs import Jobs
-from rabbitretry.console.security import Auth, ConsoleRefused, check_startup
+from rabbitretry.console.security import Auth, ConsoleRefused, Throttle, check_startup
 from rabbitretry.errors import RabbitRetryError
 
 __all__ = ["Auth", "ConsoleConfig", "ConsoleRefused", "check_startup", "create_app"]
@@ -29,7 +29,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         app.state.pool = await db.create_pool(config.database_url, min_size=1, max_size=4)
-        app.state.jobs = Jobs()
+        app.state.jobs = Jobs(app.state.pool)
         try:
             yield
         finally:
@@ -43,4 +43,5 @@ def create_app(config: ConsoleConfig) -> Starlette:
         lifespan=lifespan,
     )
     app.state.config = config
+    app.state.throttle = Throttle()
     return app

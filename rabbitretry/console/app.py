@@ -8,9 +8,12 @@ through inert.
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from math import ceil
 from typing import Any
 from urllib.parse import quote
 
@@ -22,14 +25,16 @@ from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 
-from rabbitretry import db
-from rabbitretry.console import security
+from rabbitretry import db, urls
+from rabbitretry.console import display, forms, listing, security
 from rabbitretry.console.forms import key_value
 from rabbitretry.console.jobs import Jobs
-from rabbitretry.console.security import Auth, Session
+from rabbitretry.console.security import Auth, Session, Throttle
+from rabbitretry.errors import RabbitRetryError
 from rabbitretry.operations import OperationError
 from rabbitretry.settings import mask_url
 
+log = logging.getLogger("rabbitretry.console")
 PUBLIC_PATHS = ("/login", "/static/")
 HEADERS = {
     "Content-Security-Policy": (
@@ -50,6 +55,8 @@ NOTICES = {
     "ignored": "Ignored: it will not be retried or replayed.",
     "edited": "Payload saved; the message was edited and retried.",
     "not-dead": "Nothing done: the message is no longer dead.",
+    "ignored-many": "Ignored {count} dead letter(s); Undo below puts them back.",
+    "unignored": "Undone: {count} message(s) are dead letters again.",
 }
 
 
@@ -62,6 +69,8 @@ class ConsoleConfig:
     models: Mapping[str, pydantic.TypeAdapter[Any]] = field(default_factory=dict)
     """Payload models by queue, from the consumers named at start: edits are checked."""
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    allowed_hosts: tuple[str, ...] = security.LOCAL_HOSTS
+    canary_timeout: float = 60.0
 
 
 _templates = jinja2.Environment(
@@ -70,8 +79,11 @@ _templates = jinja2.Environment(
     undefined=jinja2.StrictUndefined,
     trim_blocks=True,
     lstrip_blocks=True,
+    finalize=display.finalize,  # no bidi override or control character acts on the page
 )
 _templates.globals["key_value"] = key_value
+_templates.filters["verbatim"] = display.verbatim
+_templates.globals["link"] = listing.link
 _templates.filters["q"] = lambda text: quote(str(text), safe="")
 
 
@@ -88,6 +100,11 @@ def pool_of(request: Request) -> db.Pool:
 def jobs_of(request: Request) -> Jobs:
     jobs: Jobs = request.app.state.jobs
     return jobs
+
+
+def throttle_of(request: Request) -> Throttle:
+    throttle: Throttle = request.app.state.throttle
+    return throttle
 
 
 def session_of(request: Request) -> Session:
@@ -108,10 +125,17 @@ def render(request: Request, template: str, status_code: int = 200, **context: A
         csrf=security.csrf_token(session, config.secret) if session else "",
         database=mask_url(config.database_url),
         broker=mask_url(config.amqp_url),
-        notice=NOTICES.get(request.query_params.get("notice", ""), ""),
+        notice=notice_of(request),
         **context,
     )
     return HTMLResponse(html, status_code=status_code)
+
+
+def notice_of(request: Request) -> str:
+    """The announcement a redirect asked for: a fixed text, with at most a number in it."""
+    count = request.query_params.get("count", "")
+    text = NOTICES.get(request.query_params.get("notice", ""), "")
+    return text.format(count=f"{int(count):,}" if count.isdigit() else "some")
 
 
 def refuse_cross_site(request: Request) -> None:
@@ -130,6 +154,7 @@ async def posted(request: Request) -> FormData:
     config = config_of(request)
     refuse_cross_site(request)
     form = await request.form()
+    forms.refuse_nul(*(value for value in form.values() if isinstance(value, str)))
     token = form.get("csrf")
     if not isinstance(token, str) or not security.csrf_ok(
         session_of(request), config.secret, token
@@ -139,38 +164,98 @@ async def posted(request: Request) -> FormData:
 
 
 class Authenticate(BaseHTTPMiddleware):
-    """A session for every page but the login page; security headers on every response."""
+    """A session for every page but the login page; security headers on every response.
+
+    Before any page: the ``Host`` must be one of the console's names (in every mode, against
+    DNS rebinding), and no query value may hold a NUL (PostgreSQL text cannot).
+    """
 
     async def dispatch(
         self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
+        request.state.session = None
+        try:
+            response = await self._checked(request, call_next)
+        except HTTPException as error:
+            response = await http_error(request, error)
+        except RabbitRetryError as error:
+            response = await operation_error(request, error)
+        except db.UNAVAILABLE as error:
+            response = await database_error(request, error)
+        response.headers.update(HEADERS)
+        return response
+
+    async def _checked(
+        self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
         config = config_of(request)
+        host = request.headers.get("host", "")
+        if not security.host_allowed(host, config.allowed_hosts):
+            raise HTTPException(
+                400, f"this console is not served as {host[:100]!r}: see --allowed-host"
+            )
+        forms.refuse_nul(*request.query_params.values())
         fresh: Session | None = None
-        session = self._session(request, config)
+        # Set before the revocation check, so that an outage's page keeps its navigation.
+        session = request.state.session = self._session(request, config)
+        if session is not None and session.issued and await is_revoked(pool_of(request), session):
+            session = None
         if session is None and config.no_auth:
             session = fresh = security.new_session("anonymous")
         request.state.session = session
         if session is None and not request.url.path.startswith(PUBLIC_PATHS):
             if request.method != "GET":
-                response: Response = PlainTextResponse("log in first", status_code=401)
-            else:
-                target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-                response = RedirectResponse(f"/login?next={quote(target)}", status_code=303)
-        else:
-            response = await call_next(request)
+                return PlainTextResponse("log in first", status_code=401)
+            target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            return RedirectResponse(f"/login?next={quote(target)}", status_code=303)
+        response = await call_next(request)
         if fresh is not None:
             set_session_cookie(response, fresh, config, request)
-        response.headers.update(HEADERS)
         return response
 
     @staticmethod
     def _session(request: Request, config: ConsoleConfig) -> Session | None:
+        """The session the request claims, before the check that it was not logged out."""
         header = request.headers.get("authorization")
         if header:
+            refuse_throttled(request)
             user = config.auth.check_header(header)
-            return security.header_session(user, header, config.secret) if user else None
+            if user is None:
+                failed_login(request, header.partition(" ")[0])
+                return None
+            return security.header_session(user, header, config.secret)
         cookie = request.cookies.get(security.SESSION_COOKIE)
         return security.decode_session(cookie, config.secret) if cookie else None
+
+
+def client_of(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+def refuse_throttled(request: Request) -> None:
+    """429 while the client's address has failed too many logins (right credentials too)."""
+    wait = throttle_of(request).wait(client_of(request))
+    if wait > 0:
+        raise HTTPException(
+            429,
+            f"too many failed logins from {client_of(request)}: try again in {ceil(wait)} s",
+            headers={"Retry-After": str(ceil(wait))},
+        )
+
+
+def failed_login(request: Request, who: str) -> None:
+    throttle_of(request).failed(client_of(request))
+    log.warning("failed login from %s (as %r)", client_of(request), who[: security.MAX_NAME])
+
+
+async def is_revoked(pool: db.Pool, session: Session) -> bool:
+    return bool(await pool.fetchval(db.query("console_is_revoked"), session.nonce))
+
+
+async def revoke(pool: db.Pool, session: Session) -> None:
+    """Refuse ``session`` from now on, here and in every console on this ledger."""
+    expires = datetime.fromtimestamp(session.issued + security.SESSION_SECONDS, UTC)
+    await pool.execute(db.query("console_revoke"), session.nonce, expires)
 
 
 def set_session_cookie(
@@ -190,7 +275,19 @@ async def http_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, HTTPException)
     if not hasattr(request.state, "session"):
         return PlainTextResponse(error.detail, status_code=error.status_code)
-    return render(request, "error.html", error.status_code, message=error.detail)
+    response = render(request, "error.html", error.status_code, message=error.detail)
+    response.headers.update(error.headers or {})
+    return response
+
+
+async def database_error(request: Request, error: Exception) -> Response:
+    """The ledger cannot be reached: 503 and one line, on a page with its navigation."""
+    if not db.is_outage(error):
+        raise error
+    url = config_of(request).database_url
+    what = urls.scrub(str(error) or type(error).__name__, url).splitlines()[0]
+    message = f"cannot reach the ledger at {mask_url(url)} ({what}); try again in a moment"
+    return render(request, "error.html", 503, message=message)
 
 
 async def operation_error(request: Request, error: Exception) -> Response:

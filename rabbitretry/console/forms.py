@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from rabbitretry import operations
 from rabbitretry.ledger import Key
@@ -39,6 +41,12 @@ def filter_from(params: Mapping[str, str], *, limit: int = 200) -> Filter:
     )
 
 
+def refuse_nul(*values: str) -> None:
+    """Refuse a value holding a NUL: PostgreSQL text cannot, so it could match nothing."""
+    if any("\x00" in value for value in values):
+        raise OperationError("a NUL character (\\x00) cannot be part of a filter or a key")
+
+
 def key_value(queue: str, message_id: str) -> str:
     """A key as one form value (queue names may contain '/', so JSON)."""
     return json.dumps([queue, message_id])
@@ -49,8 +57,72 @@ def key_from(value: str) -> Key:
         queue, message_id = json.loads(value)
     except (ValueError, TypeError):
         raise OperationError("a selected message could not be read; reload the page") from None
+    refuse_nul(str(queue), str(message_id))
     return Key(str(queue), str(message_id))
 
 
 def rate_from(text: str | None) -> float | None:
     return operations.parse_rate(text) if text and text.strip() else None
+
+
+@dataclass(frozen=True)
+class Bulk:
+    """An action on every dead letter a group or a filter matches, as its forms post it."""
+
+    action: str
+    """``retry`` or ``ignore``."""
+    selection: Filter
+    group: tuple[str, str] | None
+    before: datetime
+    """The cutoff: letters that die after it are not touched."""
+    rate: float | None
+    canary: bool
+    comment: str
+    fields: dict[str, str]
+    """The form fields that say all this again, for the confirmation page's form."""
+
+    def describe(self) -> dict[str, Any]:
+        """What the audit says it applied to."""
+        if self.group:
+            return {"group": self.group[1], "queue": self.group[0], "before": self.before}
+        matched = {k: v for k, v in self.fields.items() if k in FILTER_FIELDS and v}
+        return {"filter": matched, "queue": self.selection.queue, "before": self.before}
+
+    def title(self, count: int) -> str:
+        verb = "retry" if self.action == "retry" else "ignore"
+        what = f"group {self.group[1]} of {self.group[0]}" if self.group else "matching"
+        return (
+            f"{verb} {count:,} dead letter(s): {what}, died up to {self.before:%Y-%m-%d %H:%M:%S}"
+        )
+
+
+BULK_FIELDS = (*FILTER_FIELDS, "action", "group", "before", "rate", "canary", "comment")
+
+
+def bulk_from(form: Mapping[str, str], now: datetime) -> Bulk:
+    action = form.get("action") or ""
+    if action not in ("retry", "ignore"):
+        raise OperationError("say what to do with them: retry or ignore")
+    group = None
+    if form.get("group"):
+        key = key_from(form["group"])
+        group = (key.queue, key.message_id)
+        selection = Filter(queue=key.queue, fingerprint=key.message_id, limit=1)
+    else:
+        selection = filter_from({**form, "status": "dead"}, limit=1)
+    comment = (form.get("comment") or "").strip()
+    if action == "ignore" and not comment:
+        raise OperationError("say why they are ignored: a comment is required")
+    before = moment(form.get("before")) or now
+    fields = {k: form.get(k) or "" for k in BULK_FIELDS}
+    fields["before"] = before.strftime("%Y-%m-%dT%H:%M:%S.%f")
+    return Bulk(
+        action=action,
+        selection=selection,
+        group=group,
+        before=before,
+        rate=rate_from(form.get("rate")),
+        canary=form.get("canary") == "on",
+        comment=comment,
+        fields=fields,
+    )

@@ -26,9 +26,19 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
         ([], {"RABBITRETRY_CONSOLE_USER": "ops"}, "without RABBITRETRY_CONSOLE_PASSWORD"),
         (["--no-auth", "--consumer", "nomodule:X"], {}, "cannot import module 'nomodule'"),
         (
+            [],
+            {"RABBITRETRY_CONSOLE_USERS_FILE": "/nonexistent/users"},
+            "cannot read the users file /nonexistent/users",
+        ),
+        (
             ["--no-auth"],
             {"RABBITRETRY_DATABASE_URL": "postgresql://u:s3cret@127.0.0.1:1/x"},
             "cannot connect to PostgreSQL at postgresql://u:***@127.0.0.1:1/x",
+        ),
+        (
+            ["--no-auth"],
+            {"RABBITRETRY_AMQP_URL": "amqp://guest:s3cret@127.0.0.1:1/"},
+            "cannot connect to RabbitMQ at amqp://guest:***@127.0.0.1:1/",
         ),
     ],
 )

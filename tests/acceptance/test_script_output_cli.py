@@ -265,8 +265,8 @@ def test_prune_says_what_older_than_accepts() -> None:
         ),
         (
             ["console"],
-            "Log in with RABBITRETRY_CONSOLE_TOKEN, or RABBITRETRY_CONSOLE_USER and "
-            "RABBITRETRY_CONSOLE_PASSWORD.",
+            "Log in with RABBITRETRY_CONSOLE_TOKEN, a user of RABBITRETRY_CONSOLE_USERS_FILE, or "
+            "RABBITRETRY_CONSOLE_USER and RABBITRETRY_CONSOLE_PASSWORD.",
         ),
     ],
 )

@@ -2,15 +2,43 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+from collections.abc import AsyncIterator
 
 import asyncpg
+import httpx
 
 from rabbitretry import failure
+from rabbitretry.console import ConsoleConfig, create_app
 
 TOKEN = "test-token-0123456789"
+BASE = "http://console.test"
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+
+
+@contextlib.asynccontextmanager
+async def console_client(
+    config: ConsoleConfig, base: str = BASE
+) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client talking to the console in-process (its lifespan started and ended)."""
+    app = create_app(config)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=base) as http,
+    ):
+        yield http
+
+
+async def post(client: httpx.AsyncClient, path: str, data: dict[str, str]) -> httpx.Response:
+    """A form posted as the console's own pages post it (from its origin)."""
+    return await client.post(path, data=data, headers={"origin": str(client.base_url)})
+
+
+async def log_in(client: httpx.AsyncClient, name: str = "alice") -> None:
+    response = await post(client, "/login", {"token": TOKEN, "name": name})
+    assert response.status_code == 303, response.text
 
 
 async def insert_dead(
@@ -45,6 +73,32 @@ async def insert_dead(
             error,
             f"Traceback (most recent call last):\n  Permanent: {error}",
         )
+
+
+async def insert_many_dead(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    count: int,
+    *,
+    queues: int = 1,
+    groups: int = 1,
+    prefix: str = "q-",
+) -> None:
+    """``count`` dead letters in one statement: keys ``m-000001``..., spread round-robin over
+    ``queues`` queues (``q-0``...) and ``groups`` fingerprints (``fp-0``...), one a second."""
+    await conn.execute(
+        "INSERT INTO rabbitretry.ledger (queue, message_id, status, attempts, max_attempts,"
+        " reason, error_type, error_message, error_fingerprint, first_seen, finished_at,"
+        " updated_at, payload)"
+        " SELECT $4 || (n % $2), 'm-' || lpad(n::text, 6, '0'), 'dead', 1 + n % 5, 5,"
+        " 'permanent-error', 'Permanent', 'order ' || n || ' not found', 'fp-' || (n % $3),"
+        " t, t, t, convert_to('{\"order\": ' || n || '}', 'UTF8')"
+        " FROM generate_series(1, $1) AS n,"
+        " LATERAL (SELECT now() - make_interval(secs => $1 - n) AS t) AS at",
+        count,
+        queues,
+        groups,
+        prefix,
+    )
 
 
 def csrf_of(html: str) -> str:

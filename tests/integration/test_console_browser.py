@@ -2,16 +2,20 @@
 
 An operator logs in, filters, opens a group and retries it with a canary, ignores a message
 with a comment, edits one and retries it; the ledger and the audit table are checked after
-each step. Set RABBITRETRY_SCREENSHOTS=docs/images to refresh the documentation's pictures.
+each step. On a ledger of 100,000 dead letters, another pages, sorts, ignores a whole group
+and undoes it, and retries all a filter matches; hostile keys must not bend the layout. Set
+RABBITRETRY_SCREENSHOTS=docs/images to refresh the documentation's pictures.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import secrets
 import shutil
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +25,8 @@ import uvicorn
 
 from rabbitretry import Consumer
 from rabbitretry.console import Auth, ConsoleConfig, create_app
-from tests.integration.console_harness import TOKEN
+from tests.conftest import with_database
+from tests.integration.console_harness import TOKEN, insert_dead, insert_many_dead
 from tests.integration.dead_harness import Switch, dead_letters, orders_consumer
 from tests.integration.harness import status_of, wait_for, wait_status
 
@@ -81,6 +86,29 @@ async def serve(config: ConsoleConfig) -> tuple[str, uvicorn.Server, asyncio.Tas
 
     await wait_for(started, timeout=15)
     return f"http://127.0.0.1:{port}", server, task
+
+
+@contextlib.asynccontextmanager
+async def served(config: ConsoleConfig) -> AsyncIterator[str]:
+    """The console on a free local port for the block; its base URL."""
+    base, server, task = await serve(config)
+    try:
+        yield base
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, timeout=15)
+
+
+async def logged_in(browser: Any, base: str, **options: Any) -> Any:
+    """A page of a new browser context, logged in as carol."""
+    context = await browser.new_context(**{"viewport": {"width": 1280, "height": 760}, **options})
+    page = await context.new_page()
+    await page.goto(f"{base}/login")
+    await page.fill("input[name=token]", TOKEN)
+    await page.fill("input[name=name]", "carol")
+    await page.click("form.login button[type=submit]")
+    await page.wait_for_url(f"{base}/")
+    return page
 
 
 async def audit(pool: asyncpg.Pool) -> list[dict[str, Any]]:
@@ -171,7 +199,10 @@ async def test_an_operator_works_through_the_dead_letters(
                 await wait_status(pool, queue_name, f"o-{n}", "succeeded")
             await page.goto(f"{base}/groups")
             assert await group.locator("td.num").inner_text() == "2"
-            await group.locator("button", has_text="Retry group").click()
+            await group.locator("input[type=radio]").check()
+            await page.click("button:has-text('Retry group…')")
+            await page.get_by_role("heading", name="Retry 2 dead letters?").wait_for()
+            await page.click("form.confirm button[type=submit]")
             await page.wait_for_url("**/jobs/*")
             await page.locator(".state.finished").wait_for(timeout=60_000)
             summary = await page.locator(".state").inner_text()
@@ -268,3 +299,136 @@ async def test_an_operator_works_through_the_dead_letters(
         finally:
             server.should_exit = True
             await asyncio.wait_for(task, timeout=15)
+
+
+async def test_long_and_hostile_keys_keep_the_page_in_shape(
+    database_url: str, amqp_url: str, pool: asyncpg.Pool, browser: Any
+) -> None:
+    long_key = "k" * 3000
+    await insert_dead(pool, "orders", long_key, b"{}", error="E" * 3000)
+    await insert_dead(pool, "orders", "invoice-\u202egpj.exe", bytes([0, 0xFF]))
+    config = ConsoleConfig(database_url=database_url, amqp_url=amqp_url, auth=Auth(token=TOKEN))
+    async with served(config) as base:
+        page = await logged_in(browser, base)
+        for path in ("/messages", "/groups", f"/message?queue=orders&id={long_key}"):
+            await page.goto(f"{base}{path}")
+            width = await page.evaluate("document.documentElement.scrollWidth")
+            assert width <= 1280, (path, width)
+        await page.goto(f"{base}/messages")
+        shown = await page.locator("table.list").inner_text()
+        assert "invoice-[U+202E]gpj.exe" in shown
+        phone = await logged_in(browser, base, viewport={"width": 390, "height": 800})
+        await phone.goto(f"{base}/messages")
+        logout = await phone.locator("header button", has_text="Log out").bounding_box()
+        assert logout is not None and logout["x"] + logout["width"] <= 390
+
+
+BIG = 100_000
+GROUPS = 6_000
+
+
+@pytest.fixture(scope="module")
+def big_ledger(server_database_url: str, template_database: str) -> Iterator[tuple[str, str]]:
+    """A ledger of 100,000 dead letters in 6,000 groups over 4 queues, built once for the
+    module (one INSERT ... SELECT generate_series); its URL and its queues' name prefix."""
+    name = f"rabbitretry_test_big_{secrets.token_hex(4)}"
+    prefix = f"rr-big-{secrets.token_hex(3)}-"
+    url = with_database(server_database_url, name)
+
+    async def admin(statement: str) -> None:
+        conn = await asyncpg.connect(server_database_url)
+        try:
+            await conn.execute(statement)
+        finally:
+            await conn.close()
+
+    async def fill() -> None:
+        await admin(f"CREATE DATABASE {name} TEMPLATE {template_database}")
+        conn = await asyncpg.connect(url)
+        try:
+            await insert_many_dead(conn, BIG, queues=4, groups=GROUPS, prefix=prefix)
+            await conn.execute("ANALYZE rabbitretry.ledger")
+        finally:
+            await conn.close()
+
+    asyncio.run(fill())
+    yield url, prefix
+    asyncio.run(admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+async def test_an_operator_pages_and_acts_on_a_hundred_thousand_dead_letters(
+    big_ledger: tuple[str, str],
+    amqp_url: str,
+    amqp_connection: Any,
+    broker_cleanup: Any,
+    browser: Any,
+    shots: Path,
+) -> None:
+    url, prefix = big_ledger
+    config = ConsoleConfig(database_url=url, amqp_url=amqp_url, auth=Auth(token=TOKEN))
+    pool = await asyncpg.create_pool(url, min_size=1, max_size=2)
+    async with served(config) as base:
+        page = await logged_in(browser, base)
+
+        # The overview is the landing page: four queues, their counts, a chart each.
+        rows = page.locator("table.overview tbody tr")
+        assert await rows.count() == 4
+        assert await page.locator("table.overview svg.chart").count() == 4
+        first_queue = rows.nth(0)
+        assert await first_queue.locator("td.num").nth(0).inner_text() == "25,000"
+        await page.screenshot(path=shots / "console-overview.png", full_page=True)
+        await first_queue.locator("td.num a").first.click()
+        await page.wait_for_url(f"**/messages?queue={prefix}0")
+        assert "50 shown of 25,000 messages" in await page.locator(".pager").first.inner_text()
+
+        # Paging: Next, then the oldest first by the Changed column, then the last page.
+        await page.goto(f"{base}/messages")
+        assert "50 shown of 100,000 messages" in await page.locator(".pager").first.inner_text()
+        keys = page.locator("table.messages td.key")
+        assert await keys.first.inner_text() == "m-100000"
+        await page.locator("a[rel=next]").first.click()
+        await page.wait_for_url("**after=*")
+        assert await keys.first.inner_text() == "m-099950"
+        await page.click("th a:has-text('Changed (UTC)')")
+        await page.wait_for_url("**dir=asc*")
+        assert await keys.first.inner_text() == "m-000001"
+        await page.click("text=Last »")
+        assert await keys.last.inner_text() == "m-100000"
+        await page.screenshot(path=shots / "console-paging.png")
+
+        # Groups: all 6,000 are reachable; ignore one whole group, then undo it.
+        await page.goto(f"{base}/groups")
+        assert "50 shown of 6,000 groups" in await page.locator(".pager").first.inner_text()
+        await page.screenshot(path=shots / "console-group-panel.png")
+        group = page.locator("table.groups tbody tr").nth(0)
+        fingerprint = await group.locator("td.key").inner_text()
+        size = int(await group.locator("td.num").inner_text())
+        await group.locator("input[type=radio]").check()
+        await page.fill("fieldset.panel input[name=comment]", "known upstream outage")
+        await page.click("button:has-text('Ignore group…')")
+        await page.get_by_role("heading", name=f"Ignore {size} dead letters?").wait_for()
+        await page.click("form.confirm button[type=submit]")
+        await page.get_by_role("status").filter(has_text=f"Ignored {size} dead letter").wait_for()
+        ignored = "SELECT count(*) FROM rabbitretry.ledger WHERE status = 'ignored'"
+        assert await pool.fetchval(ignored) == size
+        assert fingerprint in await page.locator("table.audit tbody tr").first.inner_text()
+        await page.screenshot(path=shots / "console-undo.png")
+        await page.click("button:has-text('Undo: back to dead')")
+        await page.get_by_role("status").filter(has_text="dead letters again").wait_for()
+        assert await pool.fetchval(ignored) == 0
+
+        # Retry everything a filter matches (keys m-000100 to m-000199 of one queue: 25),
+        # through the confirmation page; no consumer runs, so no canary.
+        channel = await amqp_connection.channel()
+        await channel.declare_queue(broker_cleanup.queue(f"{prefix}1"))
+        await page.goto(f"{base}/messages?queue={prefix}1&q=m-0001")
+        await page.uncheck("fieldset.panel input[name=canary]")
+        await page.click("button:has-text('Retry all matching…')")
+        await page.get_by_role("heading", name="Retry 25 dead letters?").wait_for()
+        await page.screenshot(path=shots / "console-confirm.png")
+        await page.click("form.confirm button[type=submit]")
+        await page.wait_for_url("**/jobs/*")
+        await page.locator(".state.finished").wait_for(timeout=60_000)
+        retrying = "SELECT count(*) FROM rabbitretry.ledger WHERE status = 'retrying'"
+        assert await pool.fetchval(retrying) == 25
+    await pool.close()

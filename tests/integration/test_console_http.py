@@ -8,34 +8,29 @@ import asyncpg
 import httpx
 import pytest
 
-from rabbitretry.console import Auth, ConsoleConfig, create_app
-from tests.integration.console_harness import TOKEN, csrf_of, insert_dead
+from rabbitretry.console import Auth, ConsoleConfig
+from tests.integration.console_harness import (
+    BASE,
+    TOKEN,
+    console_client,
+    csrf_of,
+    insert_dead,
+    log_in,
+)
 
 pytestmark = pytest.mark.asyncio
-BASE = "http://console.test"
 
 
 @pytest.fixture
 async def client(database_url: str, amqp_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(
-        ConsoleConfig(
-            database_url=database_url,
-            amqp_url=amqp_url.replace("guest:guest", "guest:topsecret"),
-            auth=Auth(token=TOKEN),
-        )
+    config = ConsoleConfig(
+        database_url=database_url,
+        amqp_url=amqp_url.replace("guest:guest", "guest:topsecret"),
+        auth=Auth(token=TOKEN),
+        allowed_hosts=("console.test",),
     )
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE) as http,
-    ):
+    async with console_client(config) as http:
         yield http
-
-
-async def log_in(client: httpx.AsyncClient, name: str = "alice") -> None:
-    response = await client.post(
-        "/login", data={"token": TOKEN, "name": name}, headers={"origin": BASE}
-    )
-    assert response.status_code == 303, response.text
 
 
 async def test_pages_need_a_login(client: httpx.AsyncClient) -> None:
@@ -51,7 +46,7 @@ async def test_pages_need_a_login(client: httpx.AsyncClient) -> None:
         away = await client.post(
             "/login", data={"token": TOKEN, "next": elsewhere}, headers={"origin": BASE}
         )
-        assert away.headers["location"] == "/messages"
+        assert away.headers["location"] == "/"
     await log_in(client)
     page = await client.get("/messages")
     assert page.status_code == 200 and "alice" in page.text
@@ -119,8 +114,8 @@ async def test_mistakes_are_shown_not_raised(client: httpx.AsyncClient, pool: as
     nothing = await client.post("/actions/replay", data={"csrf": token}, headers={"origin": BASE})
     assert nothing.status_code == 400 and "select at least one" in nothing.text
     bad_rate = await client.post(
-        "/actions/replay-group",
-        data={"csrf": token, "fingerprint": "abc", "rate": "fast"},
+        "/actions/confirm",
+        data={"csrf": token, "action": "retry", "group": '["orders", "abc"]', "rate": "fast"},
         headers={"origin": BASE},
     )
     assert bad_rate.status_code == 400 and "not a rate" in bad_rate.text
@@ -138,17 +133,13 @@ async def test_mistakes_are_shown_not_raised(client: httpx.AsyncClient, pool: as
 
 async def test_an_unreachable_broker_is_one_line(database_url: str, pool: asyncpg.Pool) -> None:
     await insert_dead(pool, "orders", "k1", b'{"order": 1}')
-    app = create_app(
-        ConsoleConfig(
-            database_url=database_url,
-            amqp_url="amqp://guest:pw-7f3k@127.0.0.1:1/",
-            auth=Auth(token=TOKEN),
-        )
+    config = ConsoleConfig(
+        database_url=database_url,
+        amqp_url="amqp://guest:pw-7f3k@127.0.0.1:1/",
+        auth=Auth(token=TOKEN),
+        allowed_hosts=("console.test",),
     )
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE) as client,
-    ):
+    async with console_client(config) as client:
         await log_in(client)
         token = csrf_of((await client.get("/messages")).text)
         response = await client.post(

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
 import pytest
 
-from rabbitretry.console import security
+from rabbitretry.console import chart, display, security, users
 from rabbitretry.console.forms import filter_from, key_from, key_value, moment
 from rabbitretry.console.security import Auth, ConsoleRefused, check_startup
 from rabbitretry.operations import OperationError
@@ -90,3 +91,90 @@ def test_forms() -> None:
     assert key_from(key_value("a/b", "c")).queue == "a/b"
     with pytest.raises(OperationError, match="reload"):
         key_from("nonsense")
+
+
+@pytest.mark.parametrize(
+    ("host", "ok"),
+    [
+        ("127.0.0.1:8089", True),
+        ("localhost", True),
+        ("[::1]:8089", True),
+        ("LOCALHOST:1", True),
+        ("evil.example:8089", False),
+        ("127.0.0.1.evil.example", False),
+        ("", False),
+    ],
+)
+def test_only_our_own_host_names_are_served(host: str, ok: bool) -> None:
+    assert security.host_allowed(host, security.allowed_hosts("127.0.0.1")) is ok
+
+
+def test_allowed_hosts_follow_the_listen_address() -> None:
+    assert security.allowed_hosts("10.0.0.5") == ("10.0.0.5",)
+    assert security.allowed_hosts("10.0.0.5", ("Console.Example",)) == (
+        "10.0.0.5",
+        "console.example",
+    )
+    assert "localhost" in security.allowed_hosts("0.0.0.0")
+
+
+def test_failed_logins_are_throttled_per_address_for_a_window() -> None:
+    throttle = security.Throttle(limit=3, window=60)
+    for second in range(3):
+        assert throttle.wait("a", now=second) == 0
+        throttle.failed("a", now=second)
+    assert throttle.wait("a", now=10) == pytest.approx(50)
+    assert throttle.wait("b", now=10) == 0
+    assert throttle.wait("a", now=60.5) == 0  # the first failure left the window
+
+
+def test_users_have_scrypt_hashes() -> None:
+    stored = security.hash_password("correct horse", salt=b"s" * 16)
+    assert stored.startswith("scrypt$16384$8$1$")
+    assert security.verify_password("correct horse", stored)
+    assert not security.verify_password("wrong", stored)
+    assert not security.verify_password("x", "md5$abc")
+    auth = Auth(users={"dana": stored})
+    assert auth.enabled and auth.check_login("dana", "correct horse", "")
+    assert not auth.check_login("dana", "wrong", "") and not auth.check_login("eve", "x", "")
+
+
+def test_a_users_file_is_read_or_refused_in_one_line(tmp_path: Path) -> None:
+    good = tmp_path / "users"
+    good.write_text(f"# ops\n\ndana:{security.hash_password('pw')}\n")
+    assert list(users.load(str(good))) == ["dana"]
+    bad = tmp_path / "bad"
+    bad.write_text("dana:plain-password\n")
+    with pytest.raises(ConsoleRefused, match=r"bad:1: expected NAME:scrypt"):
+        users.load(str(bad))
+    with pytest.raises(ConsoleRefused, match="cannot read the users file"):
+        users.load(str(tmp_path / "missing"))
+
+
+def test_hidden_characters_are_spelled_out() -> None:
+    assert display.visible("invoice-\u202egpj.exe") == "invoice-[U+202E]gpj.exe"
+    assert display.visible("a\tb\nc\x00") == "a\tb\nc[U+0000]"
+    shown = display.payload(bytes([0, 1, 0xFF]))
+    assert (shown.size, shown.text, shown.hex, shown.base64) == (
+        3,
+        None,
+        "00000000  00 01 ff",
+        "AAH/",
+    )
+    assert display.payload(b'{"a":1}').text == '{\n  "a": 1\n}'
+
+
+def test_the_chart_is_svg_without_script() -> None:
+    drawn = chart.svg([chart.Minute(3, 1), chart.Minute(0, 2)], "<orders>")
+    assert drawn.startswith("<svg") and "<script" not in drawn
+    assert "&lt;orders&gt;: 3 handled, 3 died in the last 2 minutes" in drawn
+
+
+def test_a_users_file_line_is_made_from_a_typed_password(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(users.getpass, "getpass", lambda prompt: "typed twice")
+    assert users.main(["dana"]) == 0
+    name, _, stored = capsys.readouterr().out.strip().partition(":")
+    assert name == "dana" and security.verify_password("typed twice", stored)
+    assert users.main(["not a name"]) == 2
