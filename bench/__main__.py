@@ -24,7 +24,7 @@ import aio_pika
 import asyncpg
 
 from bench import callbacks as callback_receiver
-from bench import report, stats
+from bench import console_pages, report, stats
 from bench.due_scan import run_due_scan, scan_statement
 from bench.latency import run_latency
 from bench.processes import run_processes
@@ -35,6 +35,7 @@ from bench.throughput import run_dramatiq, run_naive, run_rabbitretry, run_raw
 RESULTS = Path(__file__).parent / "results"
 DOCUMENT = Path(__file__).parent.parent / "docs" / "benchmarks.md"
 
+CONSOLE_ROWS = 100_000  # dead letters (and as many succeeded) behind the console's pages
 Runner = Callable[[int, int], Awaitable[float]]  # (messages, warmup) -> msgs/s
 
 
@@ -156,6 +157,11 @@ async def main(
     print(f"callback receiver: {callbacks:,} callbacks, 16 clients", flush=True)
     receiver = await callback_receiver.run(callbacks, 16, 0.1)
 
+    print(f"console pages: {CONSOLE_ROWS:,} dead letters", flush=True)
+    async with scratch_database() as console_url:
+        await console_pages.fill(console_url, CONSOLE_ROWS)
+        pages = await console_pages.measure(console_url, repeats=15)
+
     rss = latency["half"]["rss_mb"]
     targets = stats.targets(stats.Measured(ratios, latency, retry, scan.get("1000000"), rss))
     results = {
@@ -174,6 +180,11 @@ async def main(
         "due_scan_ms": scan,
         "due_scan_statement": scan_statement()[1],
         "callbacks": receiver,
+        "console_pages": [
+            {"page": name, "path": path, "median_ms": median, "slowest_ms": slowest}
+            for name, path, median, slowest in pages
+        ],
+        "console_rows": CONSOLE_ROWS,
         "targets": [t.as_dict() for t in targets],
         "seconds": round(time.monotonic() - started),
     }

@@ -106,6 +106,18 @@ def callbacks_table(receiver: Mapping[str, float]) -> str:
     )
 
 
+def console_table(pages: list[Mapping[str, Any]], rows: int) -> str:
+    """The console's list pages on a large ledger (goal: each under 300 ms)."""
+    lines = [
+        f"| console page ({rows:,} dead letters) | median | slowest |",
+        "|---|---:|---:|",
+    ]
+    lines += [
+        f"| `{p['path']}` | {p['median_ms']:.0f} ms | {p['slowest_ms']:.0f} ms |" for p in pages
+    ]
+    return "\n".join(lines)
+
+
 def other_table(results: Mapping[str, Any]) -> str:
     lines = ["| ledger rows | due-scan (ms, median) |", "|---:|---:|"]
     lines += [f"| {int(rows):,} | {ms:.2f} |" for rows, ms in results["due_scan_ms"].items()]
@@ -121,6 +133,7 @@ def tables(results: Mapping[str, Any]) -> list[str]:
         retry_table(results["retry_delay"]),
         processes_table(results["processes"]),
         callbacks_table(results["callbacks"]),
+        console_table(results["console_pages"], results["console_rows"]),
         other_table(results),
         targets_table(results["targets"]),
     ]

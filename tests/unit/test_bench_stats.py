@@ -152,6 +152,10 @@ def results() -> dict[str, Any]:
             "errors": 0,
             "statement_alone_per_second": 2263.0,
         },
+        "console_pages": [
+            {"page": "overview", "path": "/", "median_ms": 100.0, "slowest_ms": 121.0}
+        ],
+        "console_rows": 100_000,
         "rss_mb": 60.0,
         "targets": [t.as_dict() for t in stats.targets(MEASURED)],
     }
@@ -169,6 +173,7 @@ def test_report_tables_show_every_variant_spreads_and_missed_targets() -> None:
     assert "| 4 (0.1 s to 60 s) | 35 ms |" in text
     assert "| 1 | 900 | 400 |" in text
     assert "| 250 | 30.0 ms | 180.0 ms | 300.0 ms | 600.0 ms | 0 | 2,263 |" in text
+    assert "| `/` | 100 ms | 121 ms |" in text
 
 
 def test_the_generated_section_of_the_document_is_replaced_and_the_rest_kept() -> None:
