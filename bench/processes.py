@@ -118,7 +118,9 @@ async def _workers(
         for process in processes:
             if process.returncode is None:
                 process.terminate()
-        await asyncio.gather(*(p.wait() for p in processes))
+        # communicate, not wait: a worker's closing report fills the pipe, and a pipe nobody
+        # reads would keep it (and this wait) from ever finishing.
+        await asyncio.gather(*(p.communicate() for p in processes))
 
 
 async def main(messages: int, cluster: bool) -> None:
