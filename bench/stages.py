@@ -3,8 +3,8 @@
 ``python -m bench.stages [--messages N] [--concurrency C] [--profile]`` runs a real
 ``Worker`` with a no-op consumer over a prefilled queue and times each delivery's stages:
 
-* receive: from the previous delivery's ack to this delivery's arrival in the pipeline (at
-  concurrency 1, the broker's turnaround with prefetch 1);
+* receive: from the previous delivery's ack to this delivery's arrival in the pipeline (the
+  broker's turnaround with prefetch 1; meaningful at concurrency 1 only);
 * claim: the ledger's claim (one round trip);
 * attempt: parsing, validating and the (empty) handler;
 * success: the success mark (one round trip, the durable flush);
@@ -27,6 +27,7 @@ import pstats
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from bench import stats
@@ -48,7 +49,8 @@ class StageClock:
     def __init__(self, warmup: int) -> None:
         self.warmup = warmup
         self.seen = 0
-        self.current: dict[str, float] = {}
+        # Each delivery runs in a task of its own: its stages go to its own dict.
+        self.current: ContextVar[dict[str, float]] = ContextVar("stages")
         self.samples: dict[str, list[float]] = defaultdict(list)
         self.last_ack = 0.0
 
@@ -59,7 +61,8 @@ class StageClock:
                 return await call(*args, **kwargs)
             finally:
                 ended = time.perf_counter()
-                self.current[stage] = self.current.get(stage, 0.0) + (ended - started) * 1000
+                current = self.current.get()
+                current[stage] = current.get(stage, 0.0) + (ended - started) * 1000
                 if stage == "ack":
                     self.last_ack = ended
 
@@ -71,17 +74,19 @@ class StageClock:
         async def timed_process(pipe: Any, message: Any) -> Any:
             started = time.perf_counter()
             receive = (started - self.last_ack) * 1000 if self.last_ack else None
-            self.current = {}
+            current: dict[str, float] = {}
+            self.current.set(current)
             try:
                 return await process(pipe, message)
             finally:
                 total = (time.perf_counter() - started) * 1000
                 self.seen += 1
-                if self.seen > self.warmup and receive is not None:
-                    self.samples["receive"].append(receive)
+                if self.seen > self.warmup:
+                    if receive is not None:
+                        self.samples["receive"].append(receive)
                     for stage in STAGES[1:-1]:
-                        self.samples[stage].append(self.current.get(stage, 0.0))
-                    self.samples["other"].append(total - sum(self.current.values()))
+                        self.samples[stage].append(current.get(stage, 0.0))
+                    self.samples["other"].append(total - sum(current.values()))
 
         return timed_process
 
