@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from rabbitretry import amqp
+from rabbitretry import amqp, delays
 from rabbitretry.cli.common import load_topology, out, run_async, settings
-from rabbitretry.topology import Plan, declare, export_definitions, plan
+from rabbitretry.topology import Plan, PlanEntry, declare, export_definitions, plan
 
 app = typer.Typer(
     help=(
@@ -95,9 +96,30 @@ def _print(result: Plan, *, only_changes: bool) -> None:
     table = Table()
     for column in ("kind", "name", "action", "detail"):
         table.add_column(column, overflow="fold")
-    for entry in entries:
-        style = _STYLE.get(entry.action, "")
-        table.add_row(
-            entry.kind, entry.name, f"[{style}]{entry.action}[/{style}]", entry.detail or ""
-        )
+    for kind, name, action, detail in plan_rows(entries):
+        style = _STYLE.get(action, "")
+        table.add_row(kind, name, f"[{style}]{action}[/{style}]", detail)
     out.print(table)
+
+
+Row = tuple[str, str, str, str]  # kind, name, action, detail
+
+
+def plan_rows(entries: list[PlanEntry]) -> list[Row]:
+    """The rows to show: the delay chain's hundred-odd entities, which would drown the work
+    queues' own, as one row per action; a mismatch in it still gets a row of its own."""
+    rows: list[Row] = []
+    chain: Counter[tuple[str, str]] = Counter()
+    for e in entries:
+        if e.name.startswith(f"{delays.PREFIX}.") and e.action != "mismatch":
+            chain[(e.action, e.kind)] += 1
+        else:
+            rows.append((e.kind, e.name, e.action, e.detail))
+    for action in dict.fromkeys(action for action, _ in chain):
+        counts = [
+            f"{count} {kind}{'s' if count != 1 else ''}"
+            for kind in ("exchange", "queue", "binding")
+            if (count := chain[(action, kind)])
+        ]
+        rows.append(("chain", f"{delays.PREFIX}.* (delay chain)", action, ", ".join(counts)))
+    return rows
