@@ -31,13 +31,10 @@ from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from bench import stats
-from bench.services import AMQP_URL, prefill, random_name, scratch_database, wait_until
-from bench.throughput import Clock, _bodies, noop_consumer
-from rabbitretry import amqp
+from bench.services import scratch_database, wait_until
+from bench.throughput import Clock, prefilled_worker
 from rabbitretry.delivery import pipeline
-from rabbitretry.delivery.worker import Worker, topology_of
 from rabbitretry.ledger import AttemptLedger
-from rabbitretry.topology import declare
 
 STAGES = ("receive", "claim", "attempt", "success", "ack", "other")
 T = TypeVar("T")
@@ -109,46 +106,23 @@ async def run_stages(
     warmup = max(200, messages // 10)
     clock = StageClock(warmup)
     instrument(clock)
-    queue = random_name("stages")
     done = Clock(warmup, messages)
-    consumer = noop_consumer(queue, done)
-    topology = topology_of([consumer])
-    connection = await amqp.connect(AMQP_URL, name="rabbitretry-bench")
     profiler = cProfile.Profile() if profile else None
-    try:
-        await declare(connection, topology)
-        await prefill(connection, queue, _bodies(queue, warmup + messages))
-        worker = Worker(
-            consumers=[consumer],
-            amqp_url=AMQP_URL,
-            database_url=database_url,
-            concurrency=concurrency,
-        )
-        task = asyncio.create_task(worker.run())
-        try:
-            await wait_until(lambda: done.count >= warmup or task.done(), timeout=120)
-            if profiler is not None:
-                profiler.enable()
-            cpu_before = time.process_time()
-            await wait_until(lambda: done.done or task.done(), timeout=600)
-            cpu_us = (time.process_time() - cpu_before) / messages * 1e6
-            if profiler is not None:
-                profiler.disable()
-            rate = messages / (time.monotonic() - done.started)
-            if task.done():
-                task.result()
-        finally:
-            worker.stop()
-            await asyncio.wait_for(task, 60)
-        summaries = {stage: stats.summary(clock.samples[stage]) for stage in STAGES}
-        profiled = pstats.Stats(profiler) if profiler is not None else None
-        return summaries, rate, cpu_us, profiled
-    finally:
-        channel = await connection.channel()
-        for declared in topology.queue_declarations():
-            if not declared.shared:
-                await channel.queue_delete(declared.name)
-        await connection.close()
+    async with prefilled_worker(database_url, concurrency, done, "stages") as (_, task):
+        await wait_until(lambda: done.count >= warmup or task.done(), timeout=120)
+        if profiler is not None:
+            profiler.enable()
+        cpu_before = time.process_time()
+        await wait_until(lambda: done.done or task.done(), timeout=600)
+        cpu_us = (time.process_time() - cpu_before) / messages * 1e6
+        if profiler is not None:
+            profiler.disable()
+        rate = messages / (time.monotonic() - done.started)
+        if task.done():
+            task.result()
+    summaries = {stage: stats.summary(clock.samples[stage]) for stage in STAGES}
+    profiled = pstats.Stats(profiler) if profiler is not None else None
+    return summaries, rate, cpu_us, profiled
 
 
 def stage_table(summaries: dict[str, dict[str, float]]) -> str:

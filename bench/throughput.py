@@ -13,9 +13,10 @@ the publisher is not competing for the CPU while the clock runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aio_pika
@@ -158,17 +159,20 @@ def noop_consumer(
     return BenchNoop
 
 
-async def run_rabbitretry(database_url: str, concurrency: int, messages: int, warmup: int) -> float:
-    queue = random_name("rr")
-    clock = Clock(warmup, messages)
+@contextlib.asynccontextmanager
+async def prefilled_worker(
+    database_url: str, concurrency: int, clock: Clock, prefix: str
+) -> AsyncIterator[tuple[str, asyncio.Task[None]]]:
+    """A real ``Worker`` with a no-op consumer (ticking ``clock``) over a queue of its own,
+    prefilled with ``clock.total`` messages: (the queue, the worker's task). The worker is
+    stopped and the queue deleted on the way out."""
+    queue = random_name(prefix)
     consumer = noop_consumer(queue, clock)
     topology = topology_of([consumer])
     connection = await amqp.connect(AMQP_URL, name="rabbitretry-bench")
     try:
         await declare(connection, topology)
-        await prefill(connection, queue, _bodies(queue, warmup + messages))
-        pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
-        assert pool is not None
+        await prefill(connection, queue, _bodies(queue, clock.total))
         worker = Worker(
             consumers=[consumer],
             amqp_url=AMQP_URL,
@@ -177,6 +181,23 @@ async def run_rabbitretry(database_url: str, concurrency: int, messages: int, wa
         )
         task = asyncio.create_task(worker.run())
         try:
+            yield queue, task
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 60)
+    finally:
+        await delete_queues(
+            connection, [q.name for q in topology.queue_declarations() if not q.shared]
+        )
+        await connection.close()
+
+
+async def run_rabbitretry(database_url: str, concurrency: int, messages: int, warmup: int) -> float:
+    clock = Clock(warmup, messages)
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    assert pool is not None
+    try:
+        async with prefilled_worker(database_url, concurrency, clock, "rr") as (queue, task):
             await wait_until(lambda: clock.done or task.done(), timeout=TIMEOUT)
             if task.done():
                 task.result()  # the worker failed: re-raise its error
@@ -190,16 +211,9 @@ async def run_rabbitretry(database_url: str, concurrency: int, messages: int, wa
                 return bool(done >= clock.total)
 
             ended = await wait_until(all_succeeded, timeout=TIMEOUT, interval=0.002)
-        finally:
-            worker.stop()
-            await asyncio.wait_for(task, 60)
-            await pool.close()
         return messages / (ended - clock.started)
     finally:
-        await delete_queues(
-            connection, [q.name for q in topology.queue_declarations() if not q.shared]
-        )
-        await connection.close()
+        await pool.close()
 
 
 async def run_dramatiq(threads: int, messages: int, warmup: int) -> float:
