@@ -15,6 +15,7 @@ import pytest
 
 from drills.cluster import ClusterDrillConfig, run_cluster_drill
 from drills.nodes import Node
+from tests.drills.verdicts import assert_nothing_lost
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -34,21 +35,7 @@ async def test_short_cluster_drill_loses_nothing_and_duplicates_nothing(
     )
     print(f"cluster drill seed {seed} (replay with RABBITRETRY_DRILL_SEED={seed})")
     result = await run_cluster_drill(config)
-    print(result.details())
-    print("\n".join(result.verdict.figures()))
-    print(result.summary())
-
-    verdict = result.verdict
-    assert verdict.ok, "\n".join(
-        [
-            f"seed {seed}; kept: {result.worker_log}, database {result.database}",
-            *verdict.explain(),
-            *verdict.figures(),
-        ]
-    )
-    plan = result.plan
-    assert verdict.succeeded == len(plan.messages) - verdict.dead
-    assert verdict.dead == len(plan.of_kind("poison")) + len(plan.of_kind("crasher"))
+    assert_nothing_lost(result, seed)
     # The faults happened: a SIGKILL, the crashers took their workers down, the leading node
     # stopped and another took the lead.
     assert result.worker_exits.get(-9, 0) >= 1

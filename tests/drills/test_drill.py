@@ -20,6 +20,7 @@ import pytest
 
 from drills import private_postgres
 from drills.drill import DATABASE_CRASH_ENV, DrillConfig, run_drill
+from tests.drills.verdicts import assert_nothing_lost
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -55,25 +56,11 @@ async def test_short_drill_loses_nothing_and_duplicates_nothing(
     )
     print(f"drill seed {seed} (replay with RABBITRETRY_DRILL_SEED={seed})")
     result = await run_drill(config)
-    print(result.details())
-    print("\n".join(result.verdict.figures()))
-    print(result.summary())
-
-    verdict = result.verdict
-    assert verdict.ok, "\n".join(
-        [
-            f"seed {seed}; kept: {result.worker_log}, database {result.database}",
-            *verdict.explain(),
-            *verdict.figures(),
-        ]
-    )
-    plan = result.plan
-    assert verdict.succeeded == len(plan.messages) - verdict.dead
-    assert verdict.dead == len(plan.of_kind("poison")) + len(plan.of_kind("crasher"))
+    assert_nothing_lost(result, seed)
     # The faults happened: three SIGKILLs, the crashers took their worker down, the database
     # crashed and came back.
     assert result.worker_exits.get(-9, 0) >= 3
     assert result.worker_exits.get(17, 0) >= 1
     assert len(result.database_outages) == (1 if crash else 0)
     # Every handler run was recorded (the figures compare them with the attempt log).
-    assert verdict.handler_runs is not None and verdict.handler_runs > 0
+    assert result.verdict.handler_runs is not None and result.verdict.handler_runs > 0
