@@ -8,16 +8,15 @@ from typing import Annotated, Any
 import typer
 import uvicorn
 
-from rabbitretry import db
 from rabbitretry.callbacks import CallbackKind, CallbackReceiver
 from rabbitretry.cli.common import (
-    Config,
     UserError,
     VerboseOption,
     command,
     configure_logging,
     fail,
     load_attribute,
+    require_migrated,
     run_async,
     settings,
 )
@@ -63,7 +62,8 @@ def serve(
     except UserError as error:
         fail(str(error), 2)
     config = settings()
-    run_async(_check_ledger)(config)
+    # Fail at start, in one line, rather than answer 503 to every callback.
+    run_async(require_migrated)(config.database_url)
     configure_logging(verbose)
     receiver = CallbackReceiver(kinds, database_url=config.database_url)
     for kind in kinds:
@@ -91,17 +91,3 @@ def _kinds_of(target: str) -> list[CallbackKind]:
     ):
         return list(found)
     raise UserError(f"{target} is not a CallbackKind, a list of them or a CallbackReceiver")
-
-
-async def _check_ledger(config: Config) -> None:
-    """Fail at start, in one line, rather than answer 503 to every callback."""
-    pool = await db.create_pool(config.database_url, min_size=1, max_size=1)
-    try:
-        async with pool.acquire() as conn:
-            pending = await db.pending_migrations(conn)
-    finally:
-        await pool.close()
-    if pending:
-        raise UserError(
-            f"the ledger schema lacks {', '.join(pending)}: run `rabbitretry db migrate` first"
-        )

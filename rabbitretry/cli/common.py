@@ -21,7 +21,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from rabbitretry import logs, urls
+from rabbitretry import db, logs, urls
 from rabbitretry.consumer import Consumer
 from rabbitretry.delivery.worker import topology_of
 from rabbitretry.errors import ConfigurationError, RabbitRetryError
@@ -308,3 +308,18 @@ def age(moment: datetime | None, now: datetime | None = None) -> str:
 def configure_logging(verbose: bool) -> None:
     """The global ``--log-level`` and ``--log-format`` (rabbitretry/logs.py); -v: debug."""
     logs.configure(verbose)
+
+
+async def require_migrated(database_url: str) -> None:
+    """Fail at start, in one line, when the ledger schema lacks migrations: a server would
+    otherwise fail on every request instead."""
+    pool = await db.create_pool(database_url, min_size=1, max_size=1)
+    try:
+        async with pool.acquire() as conn:
+            pending = await db.pending_migrations(conn)
+    finally:
+        await pool.close()
+    if pending:
+        raise UserError(
+            f"the ledger schema lacks {', '.join(pending)}: run `rabbitretry db migrate` first"
+        )

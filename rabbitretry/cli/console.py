@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 import uvicorn
 
-from rabbitretry import amqp, db
+from rabbitretry import amqp
 from rabbitretry.cli.common import (
     Config,
     UserError,
@@ -17,6 +17,7 @@ from rabbitretry.cli.common import (
     configure_logging,
     fail,
     load_consumer,
+    require_migrated,
     run_async,
     settings,
 )
@@ -108,13 +109,4 @@ async def _check_services(config: Config) -> None:
     """Fail at start, in one line, rather than on the first page or the first replay."""
     connection = await amqp.connect(config.amqp_url, name="rabbitretry-console-check")
     await connection.close()
-    pool = await db.create_pool(config.database_url, min_size=1, max_size=1)
-    try:
-        async with pool.acquire() as conn:
-            pending = await db.pending_migrations(conn)
-    finally:
-        await pool.close()
-    if pending:
-        raise UserError(
-            f"the ledger schema lacks {', '.join(pending)}: run `rabbitretry db migrate` first"
-        )
+    await require_migrated(config.database_url)
