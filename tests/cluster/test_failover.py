@@ -25,7 +25,7 @@ from rabbitretry.reconciler import Reconciler
 from rabbitretry.topology import declare
 from rabbitretry.urls import mask_url
 from tests.cluster.conftest import node_stopped
-from tests.integration.harness import running_worker, wait_for
+from tests.integration.harness import queue_depth, running_worker, wait_for
 
 pytestmark = pytest.mark.asyncio
 
@@ -172,7 +172,7 @@ async def test_outbox_relay_fails_over_when_its_node_stops(
         with node_stopped(cluster[0]):
             await enqueue(pool, queue, 1)
             await wait_for(lambda: sent(pool, 2), timeout=60)
-        assert await depth(cluster[1], queue) == 2
+        assert await queue_depth(cluster[1].url, queue) == 2
     finally:
         relay.stop()
         with contextlib.suppress(Exception):
@@ -224,8 +224,8 @@ async def test_a_rejected_message_is_dead_lettered_while_its_dead_queue_leader_i
             # At-least-once dead-lettering: the work queue keeps the message until the dead
             # queue (leader elected among the two running nodes) has it.
             running = next(node for node in cluster if node != leader)
-            await wait_for(lambda: _true_async(depth(running, dead)), timeout=30)
-            assert await depth(running, dead) == 1
+            await wait_for(lambda: _true_async(queue_depth(running.url, dead)), timeout=30)
+            assert await queue_depth(running.url, dead) == 1
         finally:
             await connection.close()
 
@@ -254,16 +254,6 @@ async def enqueue(pool: asyncpg.Pool, queue: str, n: int) -> None:
 async def sent(pool: asyncpg.Pool, count: int) -> bool:
     done = await pool.fetchval("SELECT count(*) FROM rabbitretry.outbox WHERE status = 'sent'")
     return bool(done == count)
-
-
-async def depth(node: Node, queue: str) -> int:
-    connection = await amqp.connect(node.url, name="rabbitretry-tests")
-    try:
-        channel = await connection.channel()
-        declared = await channel.declare_queue(queue, passive=True)
-        return int(declared.declaration_result.message_count or 0)
-    finally:
-        await connection.close()
 
 
 async def message_ids(node: Node, queue: str) -> set[str]:
