@@ -114,8 +114,13 @@ async def test_transient_failure_retried_at_the_scheduled_times(
         await publish(amqp_url, queue_name, {"n": 1}, message_id="flaky")
         await wait_status(pool, queue_name, "flaky", "succeeded", timeout=20)
 
-    # The delay chain holds each copy until it is due: it passes the worker once.
-    assert [o.result for o in worker.outcomes] == ["retrying", "retrying", "succeeded"]
+    # The delay chain holds each copy until it is due: it passes the worker once. A quorum
+    # chain dead-letters at-least-once, so a copy may come twice there; the ledger absorbs the
+    # second (parked or dropped, the handler not run), and nothing else may differ.
+    results = [o.result for o in worker.outcomes]
+    handled = [r for r in results if r not in ("parked", "dropped")]
+    assert handled == ["retrying", "retrying", "succeeded"], results
+    assert queue_type == "quorum" or handled == results, results
     rows = await attempt_rows(pool, queue_name, "flaky")
     assert [r["outcome"] for r in rows] == ["retry", "retry", "succeeded"]
     for failed, scheduled_delay, following in zip(rows, (1.0, 2.0), rows[1:], strict=False):
