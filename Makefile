@@ -17,7 +17,7 @@ help:
 	@echo "make fuzz      the generated hostile-input tier with thousands of cases (Hypothesis)"
 	@echo "make drill     the full fault drill (restarts RabbitMQ's application, crashes a private"
 	@echo "               PostgreSQL of its own; DRILL_ARGS=--help)"
-	@echo "make lint      ruff and mypy --strict"
+	@echo "make lint      ruff, mypy --strict and the layer contracts (import-linter)"
 	@echo "make bench     benchmarks against the anchors (20,000 messages a run; bench-quick: 3,000)"
 	@echo "make cluster   a 3-node RabbitMQ cluster on this machine (rr1..rr3@localhost, AMQP ports"
 	@echo "               5701-5703; scripts/cluster.sh); make cluster-stop stops it, removes its data"
@@ -68,6 +68,7 @@ lint: venv
 	$(BIN)/ruff check rabbitretry tests examples drills bench
 	$(BIN)/ruff format --check rabbitretry tests examples drills bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 bench: venv services
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'

@@ -48,7 +48,7 @@ from drills.plan import Fault, Message, make_plan
 from drills.supervisor import Supervisor
 from rabbitretry import db
 from rabbitretry.outbox import Outbox, OutboxRelay
-from rabbitretry.reconciler import Reconciler
+from rabbitretry.reconcile.reconciler import Reconciler
 
 CLUSTER_FAULTS: tuple[Fault, ...] = ("stop-leader", "kill")
 OUTBOX_SHARE = 5  # one message in five goes through the outbox and its relays

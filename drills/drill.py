@@ -35,7 +35,7 @@ from drills.private_postgres import PrivatePostgres, private_postgres
 from drills.supervisor import Supervisor
 from drills.verify import Verdict, read_handler_starts, unfinished, verify
 from rabbitretry import amqp, db, urls
-from rabbitretry.reconciler import Reconciler
+from rabbitretry.reconcile.reconciler import Reconciler
 from rabbitretry.topology import Topology, declare
 from rabbitretry.topology.model import QueueType
 from tests.proxy import Proxy

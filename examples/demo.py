@@ -19,10 +19,11 @@ from rich.console import Console
 from rich.table import Table
 
 from examples.points import SUSPENDED_USERS, AwardPoints
-from rabbitretry import Worker, amqp, db, deadletters
+from rabbitretry import Worker, amqp, db
 from rabbitretry.delivery.worker import topology_of
 from rabbitretry.errors import RabbitRetryError
 from rabbitretry.ledger import Key
+from rabbitretry.operations import dead_letter
 from rabbitretry.settings import Settings, mask_url
 from rabbitretry.topology import declare
 
@@ -136,7 +137,7 @@ async def main() -> None:
             console.print("5. user 13 is no longer suspended: replaying its dead letter")
             publisher = await amqp.ConfirmingPublisher.open(connection)
             suspended = Key(QUEUE, f"{run}-suspended")
-            await deadletters.replay_one(pool, publisher, suspended, actor="demo")
+            await dead_letter.replay_one(pool, publisher, suspended, actor="demo")
             await wait_quiet(pool, [suspended.message_id])
             print_states(await states(pool, [suspended.message_id]), "after the replay")
         finally:

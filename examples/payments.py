@@ -39,7 +39,7 @@ from rabbitretry import (
 )
 from rabbitretry.callbacks import CallbackKind, CallbackReceiver, HmacSignature, StateMachine
 from rabbitretry.delivery.worker import topology_of
-from rabbitretry.reconciliation import ExpectedSource, reconciliation
+from rabbitretry.reconcile.expected import ExpectedSource, reconciliation
 from rabbitretry.settings import Settings
 from rabbitretry.topology import declare
 

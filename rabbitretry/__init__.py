@@ -3,6 +3,8 @@
 The broker carries messages; a Postgres ledger decides what happens to them.
 """
 
+import importlib.metadata
+
 from rabbitretry.callbacks import (
     CallbackKind,
     CallbackReceiver,
@@ -11,7 +13,6 @@ from rabbitretry.callbacks import (
     StateMachine,
 )
 from rabbitretry.consumer import Consumer, Context
-from rabbitretry.delivery.transaction import TransactionRolledBack
 from rabbitretry.delivery.worker import Worker
 from rabbitretry.errors import (
     ConfigurationError,
@@ -23,13 +24,14 @@ from rabbitretry.errors import (
     Retry,
     ServiceUnavailable,
     TopologyError,
+    TransactionRolledBack,
     UnpublishableError,
     UnroutableError,
 )
 from rabbitretry.outbox import Outbox, OutboxRelay
 from rabbitretry.publisher import Publisher
-from rabbitretry.reconciler import Reconciler
-from rabbitretry.reconciliation import Expected, Reconciliation
+from rabbitretry.reconcile.expected import Expected, Reconciliation
+from rabbitretry.reconcile.reconciler import Reconciler
 from rabbitretry.retry import RetryPolicy
 from rabbitretry.topology.model import Binding, Exchange, Topology, WorkQueue
 
@@ -66,4 +68,4 @@ __all__ = [
     "WorkQueue",
     "Worker",
 ]
-__version__ = "0.1.0"
+__version__ = importlib.metadata.version("rabbitretry")

@@ -19,13 +19,12 @@ import contextlib
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import TypeAdapter
 
 from rabbitretry import urls
 from rabbitretry.db import Connection
-from rabbitretry.delivery.transaction import HandlerTransaction
 from rabbitretry.errors import ConfigurationError
 from rabbitretry.retry import RetryPolicy
 from rabbitretry.topology.model import Binding, DeliveryLimit, QueueType, WorkQueue
@@ -36,6 +35,25 @@ Payload = TypeVar("Payload")
 # default). An attempt must end well before that, or the broker hands the message to someone
 # else while the handler still runs.
 MAX_ATTEMPT_TIMEOUT = 25 * 60
+
+
+class HandlerTransaction(Protocol):
+    """What an attempt's transaction offers the handler and the code that runs it.
+
+    The worker's :class:`~rabbitretry.delivery.transaction.AttemptTransaction`;
+    ``rabbitretry.testing`` puts a stand-in here.
+    """
+
+    rolled_back_by: BaseException | None
+    """The error that rolled the transaction back, if one did."""
+
+    def scope(self) -> contextlib.AbstractAsyncContextManager[Connection]:
+        """What ``ctx.transaction()`` returns."""
+        ...
+
+    async def close(self) -> None:
+        """Roll back whatever is still open (after a failed try)."""
+        ...
 
 
 @dataclass(frozen=True)

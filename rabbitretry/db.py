@@ -22,6 +22,17 @@ Transaction = asyncpg.transaction.Transaction
 Record = asyncpg.Record
 Executor = Pool | Connection  # anything that runs a statement
 
+# What a statement raises against a database whose schema rabbitretry has not migrated.
+MISSING_SCHEMA = (
+    asyncpg.UndefinedTableError,
+    asyncpg.UndefinedColumnError,
+    asyncpg.UndefinedFunctionError,
+    asyncpg.InvalidSchemaNameError,
+)
+
+# What the driver raises for any failed request, or its connection's failure.
+FAILED = (asyncpg.PostgresError, asyncpg.InterfaceError)
+
 # What a lost or failing database connection raises.
 UNAVAILABLE = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncio.TimeoutError)
 

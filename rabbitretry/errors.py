@@ -7,7 +7,6 @@ raised, named in parentheses (the tests check that this tree lists every subclas
     ├── Retry                         raised by a handler: retry this message (optional delay)
     ├── Permanent                     raised by a handler: dead-letter now, never retry
     ├── TransactionRolledBack         a handler returned although its transaction rolled back
-    │                                 (rabbitretry.delivery.transaction; rabbitretry exports it)
     ├── ConfigurationError            a consumer, policy or topology that cannot work
     │   └── MissingMessageId          Publisher.publish() without a message_id: nothing sent
     ├── TopologyError                 the broker's queues do not match what is needed
@@ -19,6 +18,12 @@ raised, named in parentheses (the tests check that this tree lists every subclas
     │                                 (rabbitretry.cli.common)
     ├── RecordNotFound                StateMachine.move() on a record its table does not hold
     │                                 (rabbitretry.callbacks; rabbitretry exports it)
+    ├── ConsoleRefused                the console's configuration is unsafe: it does not start
+    │                                 (rabbitretry.console)
+    ├── AlertNotDelivered             the webhook did not accept an alert
+    │                                 (rabbitretry.monitoring.alerts)
+    ├── MissingConnection             a unit test's handler used ctx.transaction() without a
+    │                                 connection (rabbitretry.testing; also a RuntimeError)
     └── PublishError                  the broker did not confirm a message
         ├── UnroutableError           the broker took it but no queue was bound to receive it
         └── ConnectionLost            the channel or connection failed before the confirm
@@ -46,6 +51,14 @@ class Retry(RabbitRetryError):
 
 class Permanent(RabbitRetryError):
     """Raise from a handler when retrying cannot help: the message goes to the dead letters now."""
+
+
+class TransactionRolledBack(RabbitRetryError):
+    """The handler's transaction rolled back, yet the handler returned as if it had succeeded.
+
+    Swallowing the exception that rolled it back would report a success whose effects never
+    happened; the attempt fails instead, and is retried.
+    """
 
 
 class ConfigurationError(RabbitRetryError):

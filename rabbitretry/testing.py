@@ -34,16 +34,13 @@ from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel
 
-from rabbitretry.consumer import Consumer, Context
+from rabbitretry.consumer import Consumer, Context, HandlerTransaction
 from rabbitretry.db import Connection, Pool
 from rabbitretry.delivery.attempt import oversize, run_attempt
 from rabbitretry.delivery.outcome import Decided
-from rabbitretry.delivery.transaction import (
-    AttemptTransaction,
-    HandlerTransaction,
-    TransactionRolledBack,
-)
-from rabbitretry.failure import Failure, rejection
+from rabbitretry.delivery.transaction import AttemptTransaction
+from rabbitretry.errors import RabbitRetryError, TransactionRolledBack
+from rabbitretry.ledger.failures import Failure, rejection
 from rabbitretry.outbox import Outbox
 from rabbitretry.publisher import Publisher, encode, new_message_id, require_message_id
 
@@ -60,7 +57,7 @@ Payload = TypeVar("Payload")
 Body = BaseModel | Mapping[str, Any] | list[Any] | str | bytes
 
 
-class MissingConnection(RuntimeError):
+class MissingConnection(RabbitRetryError, RuntimeError):
     """The handler used ``ctx.transaction()`` but the test passed no ``connection=``."""
 
 

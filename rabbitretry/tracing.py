@@ -18,7 +18,7 @@ propagator the application installed):
   context in the delivery's headers. Retry copies, parked copies and dead letters are
   republished with the headers the message arrived with, so every attempt of a message is a
   child of the same producer span: one trace, with the attempts side by side.
-- A replay (:func:`rabbitretry.deadletters.replay_one`) opens a PRODUCER span
+- A replay (:func:`rabbitretry.operations.dead_letter.replay_one`) opens a PRODUCER span
   ``replay <queue>`` in the operator's current context (a new trace when there is none) with
   a *link* to the original message's context, and the replayed copy carries the replay's
   context: the attempts after a replay belong to the replay's trace, which points back to
@@ -29,18 +29,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from rabbitretry.storable import storable_text
+from rabbitretry.message.storable import storable_text
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
     from rabbitretry.amqp import IncomingMessage
-    from rabbitretry.delivery.attempt import AttemptResult
-    from rabbitretry.delivery.outcome import Outcome
 
 try:
     from opentelemetry import context as otel_context
@@ -93,9 +92,8 @@ def set_tracer_provider(provider: TracerProvider | None) -> None:
 def _tracer() -> Any:
     global _tracer_cache
     if _tracer_cache is None:
-        from rabbitretry import __version__
-
-        _tracer_cache = trace.get_tracer(TRACER_NAME, __version__, tracer_provider=_provider)
+        version = importlib.metadata.version("rabbitretry")
+        _tracer_cache = trace.get_tracer(TRACER_NAME, version, tracer_provider=_provider)
     return _tracer_cache
 
 
@@ -168,6 +166,33 @@ def _stamped(headers: dict[str, Any], context: Context) -> dict[str, Any]:
 # --- the worker: one span per delivery --------------------------------------------------------
 
 
+class Settled(Protocol):
+    """What the span needs of a delivery's outcome (a ``delivery.outcome.Outcome``)."""
+
+    @property
+    def result(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+
+
+class Failed(Protocol):
+    """What the span needs of a failure (:class:`rabbitretry.ledger.failures.Failure`)."""
+
+    @property
+    def type(self) -> str: ...
+
+
+class Attempted(Protocol):
+    """What the span needs of an attempt's result (a ``delivery.attempt.AttemptResult``)."""
+
+    @property
+    def reason(self) -> str | None: ...
+    @property
+    def failure(self) -> Failed | None: ...
+    @property
+    def error(self) -> BaseException | None: ...
+
+
 class DeliverySpan:
     """The worker's handle on a delivery's span: the pipeline reports what became of it."""
 
@@ -176,7 +201,7 @@ class DeliverySpan:
     def __init__(self, span: Any = None) -> None:
         self._span = span
 
-    def outcome(self, outcome: Outcome) -> None:
+    def outcome(self, outcome: Settled) -> None:
         span = self._span
         if span is None or not span.is_recording():
             return
@@ -186,7 +211,7 @@ class DeliverySpan:
         if outcome.result in ("retrying", "dead"):
             span.set_status(Status(StatusCode.ERROR, outcome.result))
 
-    def attempt(self, attempt: int, max_attempts: int, result: AttemptResult) -> None:
+    def attempt(self, attempt: int, max_attempts: int, result: Attempted) -> None:
         span = self._span
         if span is None or not span.is_recording():
             return
@@ -224,7 +249,7 @@ def _configured() -> bool:
     return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
 
 
-def record_attempt(attempt: int, max_attempts: int, result: AttemptResult) -> None:
+def record_attempt(attempt: int, max_attempts: int, result: Attempted) -> None:
     """Note what the attempt decided on the current delivery's span (the failure, if any)."""
     if ENABLED:
         _current.get().attempt(attempt, max_attempts, result)

@@ -40,7 +40,7 @@ from rabbitretry import db, ledger
 from rabbitretry.callbacks.decision import Accepted, Invalid, Unauthorized, decide
 from rabbitretry.callbacks.kinds import CallbackKind
 from rabbitretry.errors import ConfigurationError, ServiceUnavailable
-from rabbitretry.failure import rejection
+from rabbitretry.ledger.failures import rejection
 from rabbitretry.ledger.statements import record_rejected
 from rabbitretry.retry import RetryPolicy
 

@@ -11,10 +11,10 @@ from rabbitretry.cli import (
     alerts,
     callbacks,
     console,
+    database,
     dead,
-    jobs,
+    job,
     ledger,
-    migrate,
     outbox,
     reconcile,
     run,
@@ -75,14 +75,14 @@ def _options(
     logs.choose(log_level, log_format)
 
 
-app.add_typer(migrate.app, name="db")
+app.add_typer(database.app, name="db")
 app.add_typer(topology.app, name="topology")
 app.command("run")(run.run)
 app.add_typer(dead.app, name="dead")
 app.add_typer(ledger.app, name="ledger")
 app.add_typer(outbox.app, name="outbox")
 app.command("reconcile")(reconcile.reconcile)
-app.add_typer(jobs.app, name="job")
+app.add_typer(job.app, name="job")
 app.add_typer(alerts.app, name="alerts")
 app.command("status")(status.status)
 app.command("console")(console.console)

@@ -11,8 +11,7 @@ from urllib.parse import urlsplit
 import typer
 from rich.table import Table
 
-from rabbitretry import alerts, db
-from rabbitretry.alert_rules import mask_secret_url, title
+from rabbitretry import db
 from rabbitretry.cli.common import (
     DatabaseOption,
     JsonOption,
@@ -26,6 +25,8 @@ from rabbitretry.cli.common import (
     settings,
 )
 from rabbitretry.errors import RabbitRetryError
+from rabbitretry.monitoring import alerts
+from rabbitretry.monitoring.alert_content import mask_secret_url, title
 
 app = typer.Typer(
     help=(
@@ -150,7 +151,7 @@ async def test(
     url = _webhook(webhook_url)
     try:
         await alerts.post_json(url, alerts.sample(), timeout)
-    except alerts.DeliveryFailed as error:
+    except alerts.AlertNotDelivered as error:
         raise RabbitRetryError(f"{mask_secret_url(url)} did not accept it: {error}") from None
     out.print(f"{mask_secret_url(url)} accepted the test alert", highlight=False)
 

@@ -16,7 +16,6 @@ from functools import wraps
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
 
-import asyncpg
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -31,14 +30,6 @@ from rabbitretry.topology import Topology, load_many
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
-MISSING_SCHEMA = (
-    asyncpg.UndefinedTableError,
-    asyncpg.UndefinedColumnError,
-    asyncpg.UndefinedFunctionError,
-    asyncpg.InvalidSchemaNameError,
-)
-
 
 def _stdout() -> Console:
     """Standard output: as wide as the terminal, or when piped wide enough that a table never
@@ -82,7 +73,7 @@ def _json_value(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, timedelta):
         return value.total_seconds()
-    if isinstance(value, asyncpg.Record):
+    if isinstance(value, db.Record):
         return dict(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
@@ -206,12 +197,12 @@ def run_async(function: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
             fail(str(error), 2)
         except RabbitRetryError as error:
             fail(str(error), 1)
-        except MISSING_SCHEMA as error:
+        except db.MISSING_SCHEMA as error:
             fail(
                 f"the ledger schema is missing or out of date ({error}): "
                 "run `rabbitretry db migrate` against RABBITRETRY_DATABASE_URL",
             )
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as error:
+        except (*db.FAILED, OSError) as error:
             fail(f"{type(error).__name__}: {error}")
         except KeyboardInterrupt:
             raise typer.Exit(130) from None

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from rabbitretry import db, retention
+from rabbitretry import db
 from rabbitretry.cli.common import (
     DatabaseOption,
     JsonOption,
@@ -21,6 +21,7 @@ from rabbitretry.cli.common import (
     settings,
 )
 from rabbitretry.db import query
+from rabbitretry.ledger import retention
 
 app = typer.Typer(help="Inspect the ledger.", no_args_is_help=True)
 

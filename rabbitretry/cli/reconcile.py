@@ -24,8 +24,8 @@ from rabbitretry.cli.common import (
 )
 from rabbitretry.consumer import Consumer
 from rabbitretry.operations import parse_rate
-from rabbitretry.reconciler import Reconciler, RunReport
-from rabbitretry.reconciliation import Reconciliation
+from rabbitretry.reconcile.expected import Reconciliation
+from rabbitretry.reconcile.reconciler import Reconciler, RunReport
 from rabbitretry.urls import mask_url
 
 TARGET_SHAPE = "MODULE:NAME (a Consumer class or a Reconciliation, e.g. myapp.orders:paid_orders)"

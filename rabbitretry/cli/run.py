@@ -9,7 +9,7 @@ import typer
 
 from rabbitretry.cli.common import configure_logging, load_consumer, run_async, settings
 from rabbitretry.delivery.worker import Worker
-from rabbitretry.metrics import worker_endpoint
+from rabbitretry.monitoring.metrics import worker_endpoint
 
 
 @run_async

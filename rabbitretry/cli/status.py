@@ -9,10 +9,11 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from rabbitretry import db, heartbeat, levels
+from rabbitretry import db
 from rabbitretry.cli.common import DatabaseOption, out, parse_time, run_async, settings
 from rabbitretry.db import query
-from rabbitretry.slo import RETRIED_OVER, Breach, Report, Thresholds, evaluate
+from rabbitretry.monitoring import heartbeat, levels
+from rabbitretry.monitoring.thresholds import RETRIED_OVER, Breach, Report, Thresholds, evaluate
 
 BREACHED_EXIT = 3
 

@@ -10,9 +10,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from rabbitretry import amqp, delays
+from rabbitretry import amqp
 from rabbitretry.cli.common import load_topology, out, run_async, settings
-from rabbitretry.topology import Plan, PlanEntry, declare, export_definitions, plan
+from rabbitretry.topology import Plan, PlanEntry, declare, delays, export_definitions, plan
 
 app = typer.Typer(
     help=(

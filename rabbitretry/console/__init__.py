@@ -16,7 +16,7 @@ from starlette.middleware import Middleware
 from rabbitretry import db
 from rabbitretry.console import views
 from rabbitretry.console.app import Authenticate, ConsoleConfig, http_error, operation_error
-from rabbitretry.console.jobs import Jobs
+from rabbitretry.console.replay_jobs import Jobs
 from rabbitretry.console.security import Auth, ConsoleRefused, Throttle, check_startup
 from rabbitretry.errors import RabbitRetryError
 

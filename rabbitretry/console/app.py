@@ -28,7 +28,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from rabbitretry import db, urls
 from rabbitretry.console import display, forms, listing, security
 from rabbitretry.console.forms import key_value
-from rabbitretry.console.jobs import Jobs
+from rabbitretry.console.replay_jobs import Jobs
 from rabbitretry.console.security import Auth, Session, Throttle
 from rabbitretry.errors import RabbitRetryError
 from rabbitretry.operations import OperationError

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from urllib.parse import urlsplit
 
+from rabbitretry.errors import RabbitRetryError
+
 SESSION_COOKIE = "rabbitretry_session"
 SESSION_SECONDS = 12 * 3600
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -35,7 +37,7 @@ MAX_NAME = 64
 """A longer name would make a cookie the browser may drop (a silent login loop)."""
 
 
-class ConsoleRefused(Exception):
+class ConsoleRefused(RabbitRetryError):
     """The console's configuration is unsafe: it does not start."""
 
 

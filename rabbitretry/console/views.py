@@ -14,7 +14,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from rabbitretry import db, ledger, metrics, operations
+from rabbitretry import db, ledger, operations
 from rabbitretry.console import chart, display, forms, listing, security
 from rabbitretry.console.app import (
     actor_of,
@@ -30,7 +30,8 @@ from rabbitretry.console.app import (
     session_of,
     set_session_cookie,
 )
-from rabbitretry.console.jobs import Job
+from rabbitretry.console.replay_jobs import Job
+from rabbitretry.monitoring import metrics
 from rabbitretry.operations import OperationError, Progress, ReplayReport
 
 REFRESH_SECONDS = ("30", "60", "300")  # the auto-refresh a list may ask for

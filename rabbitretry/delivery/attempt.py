@@ -19,11 +19,11 @@ from typing import Any, TypeVar
 
 import pydantic
 
-from rabbitretry import validity
-from rabbitretry.consumer import Consumer, Context
+from rabbitretry.consumer import Consumer, Context, HandlerTransaction
+from rabbitretry.delivery import validity
 from rabbitretry.delivery.outcome import Decided
-from rabbitretry.delivery.transaction import HandlerTransaction, TransactionRolledBack
-from rabbitretry.failure import Failure, describe, rejection
+from rabbitretry.errors import TransactionRolledBack
+from rabbitretry.ledger.failures import Failure, describe, rejection
 
 log = logging.getLogger("rabbitretry.worker")
 

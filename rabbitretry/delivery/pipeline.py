@@ -26,7 +26,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from rabbitretry import db, delays, headers, tracing
+from rabbitretry import db, tracing
 from rabbitretry.amqp import (
     CHANNEL_ERRORS,
     ConfirmingPublisher,
@@ -40,9 +40,11 @@ from rabbitretry.delivery.outage import OutageGate
 from rabbitretry.delivery.outcome import Outcome
 from rabbitretry.delivery.transaction import AttemptTransaction
 from rabbitretry.errors import ConnectionLost, PublishError, UnpublishableError
-from rabbitretry.failure import Failure, message_of, rejection
 from rabbitretry.ledger import AttemptLedger, Claim, ClaimRequest, Key, Snapshot, missing_id_key
-from rabbitretry.storable import storable_text
+from rabbitretry.ledger.failures import Failure, message_of, rejection
+from rabbitretry.message import headers
+from rabbitretry.message.storable import storable_text
+from rabbitretry.topology import delays
 
 log = logging.getLogger("rabbitretry.worker")
 

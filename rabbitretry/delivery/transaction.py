@@ -12,36 +12,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Protocol
 
 from rabbitretry.db import Connection, Pool, PooledConnection, Transaction
-from rabbitretry.errors import RabbitRetryError
-
-
-class TransactionRolledBack(RabbitRetryError):
-    """The handler's transaction rolled back, yet the handler returned as if it had succeeded.
-
-    Swallowing the exception that rolled it back would report a success whose effects never
-    happened; the attempt fails instead, and is retried.
-    """
-
-
-class HandlerTransaction(Protocol):
-    """What an attempt's transaction offers the handler and the code that runs it.
-
-    :class:`AttemptTransaction` in a worker; ``rabbitretry.testing`` puts a stand-in here.
-    """
-
-    rolled_back_by: BaseException | None
-    """The error that rolled the transaction back, if one did."""
-
-    def scope(self) -> contextlib.AbstractAsyncContextManager[Connection]:
-        """What ``ctx.transaction()`` returns."""
-        ...
-
-    async def close(self) -> None:
-        """Roll back whatever is still open (after a failed try)."""
-        ...
+from rabbitretry.errors import TransactionRolledBack
 
 
 class AttemptTransaction:

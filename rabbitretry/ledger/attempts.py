@@ -12,9 +12,9 @@ from collections.abc import Awaitable, Callable
 from typing import Literal, Protocol
 
 from rabbitretry.db import Connection, Pool, Record
-from rabbitretry.failure import Failure
 from rabbitretry.ledger import statements
 from rabbitretry.ledger.commits import ClaimRequest, SuccessRequest, commits_for
+from rabbitretry.ledger.failures import Failure
 from rabbitretry.ledger.statements import FINISHED, Claim, Key, Snapshot
 
 PING_TIMEOUT = 5.0

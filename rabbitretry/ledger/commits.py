@@ -30,7 +30,7 @@ from typing import Generic, TypeVar
 from rabbitretry.db import Connection, Pool, query
 from rabbitretry.ledger import statements
 from rabbitretry.ledger.statements import Claim, Key, Snapshot
-from rabbitretry.storable import encode_table
+from rabbitretry.message.storable import encode_table
 
 Request = TypeVar("Request")
 Result = TypeVar("Result")

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rabbitretry.db import Executor, Record, query
-from rabbitretry.failure import Failure
-from rabbitretry.storable import decode_table, encode_table
+from rabbitretry.ledger.failures import Failure
+from rabbitretry.message.storable import decode_table, encode_table
 
 Verdict = Literal["claimed", "finished", "stale", "busy", "not-due", "exhausted"]
 

@@ -4,7 +4,7 @@ A :class:`Topology` lists work queues at the level a person thinks about them (n
 type, bindings); its ``*_declarations`` methods expand them into the concrete exchanges, queues
 and bindings the broker must hold: each work queue, its dead-letter queue, its binding on the
 delay chain's deliver exchange, and the delay chain of each queue type in use (shared by all
-work queues of that type, see :mod:`rabbitretry.delays`).
+work queues of that type, see :mod:`rabbitretry.topology.delays`).
 
 A quorum work queue is always declared with an explicit ``x-delivery-limit``
 (:data:`DEFAULT_DELIVERY_LIMIT` unless the queue says otherwise). RabbitMQ 4.0 and later apply
@@ -14,7 +14,7 @@ or the broker is unreachable, about once a second per consumer, so a limit of 20
 dead-letter the messages in hand after some twenty seconds of outage. The ledger's
 ``max_attempts`` is the real retry budget; the broker's limit is only a backstop for loops that
 never reach the ledger. Whatever it dead-letters anyway is recorded by the reconciler
-(:mod:`rabbitretry.reconcile_dead_queue`).
+(:mod:`rabbitretry.reconcile.dead_queue`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rabbitretry import delays, naming
+from rabbitretry.topology import delays, names
 
 QueueType = Literal["classic", "quorum"]
 ExchangeType = Literal["direct", "topic", "fanout", "headers"]
@@ -133,7 +133,7 @@ class WorkQueue(_Model):
 
     @property
     def dead_queue_name(self) -> str:
-        return self.dead_queue or naming.dead_queue(self.name)
+        return self.dead_queue or names.dead_queue(self.name)
 
     def declarations(self) -> list[QueueDeclaration]:
         work_args: Arguments = {
@@ -172,7 +172,7 @@ def _type_arguments(queue_type: QueueType) -> Arguments:
 
 
 def delay_chain(queue_type: QueueType) -> tuple[list[Exchange], list[QueueDeclaration]]:
-    """The exchanges and queues of one queue type's delay chain (see :mod:`rabbitretry.delays`)."""
+    """The exchanges and queues of one queue type's delay chain (:mod:`.delays`)."""
     exchanges, queues = [], []
     for level in range(delays.LEVELS):
         name = delays.level_name(queue_type, level)

@@ -9,7 +9,7 @@ import os
 from collections.abc import AsyncIterator
 from datetime import datetime
 
-from rabbitretry.reconciliation import Expected, reconciliation
+from rabbitretry.reconcile.expected import Expected, reconciliation
 
 
 @reconciliation(

@@ -21,7 +21,7 @@ from rabbitretry.delivery.worker import topology_of
 from rabbitretry.errors import ConnectionLost
 from rabbitretry.outbox import Outbox, OutboxRelay
 from rabbitretry.publisher import Publisher
-from rabbitretry.reconciler import Reconciler
+from rabbitretry.reconcile.reconciler import Reconciler
 from rabbitretry.topology import declare
 from rabbitretry.urls import mask_url
 from tests.cluster.conftest import node_stopped

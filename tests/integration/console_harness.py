@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 import asyncpg
 import httpx
 
-from rabbitretry import failure
 from rabbitretry.console import ConsoleConfig, create_app
+from rabbitretry.ledger import failures
 
 TOKEN = "test-token-0123456789"
 BASE = "http://console.test"
@@ -50,7 +50,7 @@ async def insert_dead(
     error: str = "order 1 not found",
 ) -> None:
     """A dead letter as the worker would leave it after one failed attempt."""
-    described = failure.rejection(queue, "Permanent", error)
+    described = failures.rejection(queue, "Permanent", error)
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute(
             "INSERT INTO rabbitretry.ledger (queue, message_id, status, attempts, max_attempts,"

@@ -6,7 +6,7 @@ import asyncio
 import os
 from pathlib import Path
 
-from rabbitretry.jobs import JobContext, job
+from rabbitretry.scheduled_jobs import JobContext, job
 
 
 @job(every=60)

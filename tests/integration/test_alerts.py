@@ -17,11 +17,9 @@ from rabbitretry import (
     Context,
     Permanent,
     RetryPolicy,
-    alerts,
-    heartbeat,
-    levels,
-    retention,
 )
+from rabbitretry.ledger import retention
+from rabbitretry.monitoring import alerts, heartbeat, levels
 from tests.integration.conftest import BrokerCleanup
 from tests.integration.harness import (
     publish,

@@ -18,13 +18,14 @@ import asyncpg
 import pytest
 from pydantic import BaseModel
 
-from rabbitretry import Consumer, Context, Permanent, RetryPolicy, amqp, headers, ledger
+from rabbitretry import Consumer, Context, Permanent, RetryPolicy, amqp, ledger
 from rabbitretry.delivery.worker import topology_of
-from rabbitretry.failure import describe
 from rabbitretry.ledger import MISSING_ID_PREFIX as MISSING_ID
+from rabbitretry.ledger.failures import describe
+from rabbitretry.message import headers
 from rabbitretry.operations import Filter, list_messages
-from rabbitretry.reconcile_dead_queue import REASON
-from rabbitretry.reconciler import Reconciler
+from rabbitretry.reconcile.dead_queue import REASON
+from rabbitretry.reconcile.reconciler import Reconciler
 from rabbitretry.topology import declare
 from tests.integration.harness import publish, queue_depth, running_worker, wait_for, wait_status
 

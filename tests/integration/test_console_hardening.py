@@ -13,8 +13,9 @@ import asyncpg
 import httpx
 import pytest
 
-from rabbitretry import amqp, failure
+from rabbitretry import amqp
 from rabbitretry.console import Auth, ConsoleConfig, security
+from rabbitretry.ledger import failures
 from tests.integration.conftest import BrokerCleanup
 from tests.integration.console_harness import (
     TOKEN,
@@ -202,7 +203,7 @@ async def test_replays_are_kept_in_the_ledger_and_audited_by_group(
     # the job page of another console and the audit page say which group and why.
     for n in range(3):
         await insert_dead(pool, idle_queue, f"k{n}", b"{}")
-    fingerprint = failure.rejection(idle_queue, "Permanent", "order 1 not found").fingerprint
+    fingerprint = failures.rejection(idle_queue, "Permanent", "order 1 not found").fingerprint
     config = config_for(database_url, amqp_url, canary_timeout=0.5)
     async with console_client(config) as first:
         await log_in(first)

@@ -10,10 +10,11 @@ from typing import Any
 import asyncpg
 import pytest
 
-from rabbitretry import Consumer, Context, Permanent, RetryPolicy, UnpublishableError, delays
+from rabbitretry import Consumer, Context, Permanent, RetryPolicy, UnpublishableError
 from rabbitretry.amqp import ConfirmingPublisher
-from rabbitretry.failure import rejection
 from rabbitretry.ledger import AttemptLedger, ClaimRequest, Key, Snapshot
+from rabbitretry.ledger.failures import rejection
+from rabbitretry.topology import delays
 from tests.integration.harness import (
     publish,
     publish_without_id,

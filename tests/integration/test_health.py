@@ -16,7 +16,8 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
-from rabbitretry import Consumer, Context, Worker, db, metrics
+from rabbitretry import Consumer, Context, Worker, db
+from rabbitretry.monitoring import metrics
 from rabbitretry.topology import Topology
 from tests.integration import crash_consumers
 from tests.integration.conftest import BrokerCleanup

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import asyncpg
 
-from rabbitretry import heartbeat
+from rabbitretry.monitoring import heartbeat
 
 
 async def test_a_run_is_recorded_and_ages_into_stale(pool: asyncpg.Pool) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import asyncpg
 
-from rabbitretry import heartbeat
-from rabbitretry.jobs import JobContext, job, run_job
+from rabbitretry.monitoring import heartbeat
+from rabbitretry.scheduled_jobs import JobContext, job, run_job
 from tests.integration import job_fixtures
 from tests.integration.harness import wait_for
 

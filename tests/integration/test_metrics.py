@@ -19,7 +19,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
-from rabbitretry import Consumer, Context, Permanent, Retry, RetryPolicy, heartbeat, metrics
+from rabbitretry import Consumer, Context, Permanent, Retry, RetryPolicy
+from rabbitretry.monitoring import heartbeat, metrics
 from rabbitretry.outbox import Outbox
 from rabbitretry.topology import Topology
 from tests.integration import crash_consumers

@@ -17,10 +17,11 @@ import aio_pika
 import asyncpg
 import pytest
 
-from rabbitretry import Outbox, OutboxRelay, Topology, WorkQueue, heartbeat
+from rabbitretry import Outbox, OutboxRelay, Topology, WorkQueue
 from rabbitretry.amqp import ConfirmingPublisher, Connection, connect
-from rabbitretry.reconciler import Reconciler
-from rabbitretry.reconciliation import Expected, Reconciliation
+from rabbitretry.monitoring import heartbeat
+from rabbitretry.reconcile.expected import Expected, Reconciliation
+from rabbitretry.reconcile.reconciler import Reconciler
 from rabbitretry.topology import Exchange, declare
 from tests.integration.conftest import BrokerCleanup
 from tests.integration.harness import wait_for

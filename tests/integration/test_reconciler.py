@@ -26,16 +26,15 @@ from rabbitretry import (
     RetryPolicy,
     Topology,
     amqp,
-    delays,
-    heartbeat,
     ledger,
 )
 from rabbitretry.delivery.worker import topology_of
 from rabbitretry.errors import ServiceUnavailable
-from rabbitretry.failure import describe
-from rabbitretry.reconciler import Reconciler
-from rabbitretry.reconciliation import Expected, Reconciliation
-from rabbitretry.topology import declare
+from rabbitretry.ledger.failures import describe
+from rabbitretry.monitoring import heartbeat
+from rabbitretry.reconcile.expected import Expected, Reconciliation
+from rabbitretry.reconcile.reconciler import Reconciler
+from rabbitretry.topology import declare, delays
 from tests.integration.conftest import BrokerCleanup
 from tests.integration.harness import publish, queue_depth, running_worker, wait_for, wait_status
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from rabbitretry import retention
+from rabbitretry.ledger import retention
 
 DAY = timedelta(days=1)
 

@@ -9,9 +9,18 @@ from typing import Literal
 import aio_pika
 import pytest
 
-from rabbitretry import amqp, delays
+from rabbitretry import amqp
 from rabbitretry.errors import TopologyError
-from rabbitretry.topology import Binding, Exchange, Topology, WorkQueue, declare, plan, verify
+from rabbitretry.topology import (
+    Binding,
+    Exchange,
+    Topology,
+    WorkQueue,
+    declare,
+    delays,
+    plan,
+    verify,
+)
 from rabbitretry.topology.model import DEFAULT_DELIVERY_LIMIT
 from tests.integration.conftest import BrokerCleanup
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from rabbitretry.alert_rules import Alert, backoff, mask_secret_url, payload, title
+from rabbitretry.monitoring.alert_content import Alert, backoff, mask_secret_url, payload, title
 
 AT = datetime(2026, 1, 31, 12, 0, tzinfo=UTC)
 

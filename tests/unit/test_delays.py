@@ -7,8 +7,7 @@ import random
 
 import pytest
 
-from rabbitretry import delays
-from rabbitretry.naming import dead_queue
+from rabbitretry.topology import delays
 from rabbitretry.topology.model import (
     BindingDeclaration,
     Topology,
@@ -16,6 +15,7 @@ from rabbitretry.topology.model import (
     delay_chain,
     delay_chain_bindings,
 )
+from rabbitretry.topology.names import dead_queue
 
 
 def test_dead_queue_name() -> None:

@@ -6,7 +6,7 @@ import traceback
 
 import pytest
 
-from rabbitretry.failure import (
+from rabbitretry.ledger.failures import (
     MAX_MESSAGE,
     MAX_TRACEBACK,
     Failure,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pamqp import encode
 
-from rabbitretry import headers
+from rabbitretry.message import headers
 
 
 def test_a_copy_drops_the_broker_headers_and_carries_the_attempts() -> None:

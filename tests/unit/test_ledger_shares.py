@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from rabbitretry import Consumer, Context
 from rabbitretry.cli.reconcile import ledger_shares
-from rabbitretry.reconciliation import Expected, Reconciliation, reconciliation
+from rabbitretry.reconcile.expected import Expected, Reconciliation, reconciliation
 
 DEFAULT = "postgresql://127.0.0.1/ledger"
 ORDERS = "postgresql://u:s3cret@10.0.0.2/orders"

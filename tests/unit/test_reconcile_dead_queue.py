@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from rabbitretry.failure import rejection
 from rabbitretry.ledger import MISSING_ID_PREFIX as MISSING_ID
-from rabbitretry.reconcile_dead_queue import (
+from rabbitretry.ledger.failures import rejection
+from rabbitretry.reconcile.dead_queue import (
     REASON,
     explain,
     ledger_key,

@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from rabbitretry.consumer import Consumer, Context
+from rabbitretry.delivery.validity import EXPIRED, is_expired, skip_reason
 from rabbitretry.errors import ConfigurationError
-from rabbitretry.jobs import JobOutcome, job
-from rabbitretry.reconciler import RateLimiter
-from rabbitretry.reconciliation import Expected, Reconciliation, classify, reconciliation
-from rabbitretry.validity import EXPIRED, is_expired, skip_reason
+from rabbitretry.reconcile.expected import Expected, Reconciliation, classify, reconciliation
+from rabbitretry.reconcile.reconciler import RateLimiter
+from rabbitretry.scheduled_jobs import JobOutcome, job
 
 NOW = datetime(2026, 1, 31, 12, 0, tzinfo=UTC)
 

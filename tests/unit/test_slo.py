@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
-from rabbitretry.heartbeat import Heartbeat
-from rabbitretry.slo import QueueLevels, Thresholds, evaluate, queue_breaches
+from rabbitretry.monitoring.heartbeat import Heartbeat
+from rabbitretry.monitoring.thresholds import QueueLevels, Thresholds, evaluate, queue_breaches
 
 NOW = datetime(2026, 1, 31, 12, 0, tzinfo=UTC)
 HEALTHY = QueueLevels("orders", finished=100, p95=1.0, p99=2.0, backlog=10, retried=3, dead=0)

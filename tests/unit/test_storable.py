@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rabbitretry.storable import decode_table, encode_table, is_storable_text, storable_text
+from rabbitretry.message.storable import decode_table, encode_table, is_storable_text, storable_text
 
 HOSTILE: dict[str, Any] = {
     "plain": "text",

@@ -22,8 +22,8 @@ from rabbitretry import (
     testing,
 )
 from rabbitretry.delivery.attempt import validation_summary
-from rabbitretry.delivery.transaction import TransactionRolledBack
-from rabbitretry.failure import describe, fingerprint
+from rabbitretry.errors import TransactionRolledBack
+from rabbitretry.ledger.failures import describe, fingerprint
 
 pytestmark = pytest.mark.asyncio
 

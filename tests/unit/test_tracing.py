@@ -16,7 +16,7 @@ from opentelemetry.trace import StatusCode
 from rabbitretry import tracing
 from rabbitretry.delivery.attempt import AttemptResult
 from rabbitretry.delivery.outcome import Outcome
-from rabbitretry.failure import describe
+from rabbitretry.ledger.failures import describe
 from tests.otel import Spans, capturing, parent_id, span_id, trace_id
 
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -48,7 +48,8 @@ def test_without_the_extra_nothing_is_imported_and_nothing_changes() -> None:
         import sys
         sys.modules["opentelemetry"] = None  # as if the extra were not installed
         import rabbitretry
-        from rabbitretry import deadletters, outbox, publisher, tracing
+        from rabbitretry import outbox, publisher, tracing
+        from rabbitretry.operations import dead_letter
         from rabbitretry.delivery import pipeline, worker
 
         assert tracing.ENABLED is False

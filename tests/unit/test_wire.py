@@ -13,7 +13,7 @@ from aiormq.abc import ChannelFrame
 from pamqp import commands
 from pamqp.header import ContentHeader
 
-from rabbitretry.wire import why_unencodable
+from rabbitretry.message.wire import why_unencodable
 
 
 def check(

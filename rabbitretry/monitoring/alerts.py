@@ -27,12 +27,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from rabbitretry import heartbeat, levels
-from rabbitretry.alert_rules import BACKOFF_BASE, Alert, backoff, mask_secret_url, payload
 from rabbitretry.db import UNAVAILABLE, Executor, Pool, Record, query
-from rabbitretry.slo import heartbeat_breaches, heartbeat_level
+from rabbitretry.errors import RabbitRetryError
+from rabbitretry.monitoring import heartbeat, levels
+from rabbitretry.monitoring.alert_content import (
+    BACKOFF_BASE,
+    Alert,
+    backoff,
+    mask_secret_url,
+    payload,
+)
+from rabbitretry.monitoring.thresholds import heartbeat_breaches, heartbeat_level
 
-log = logging.getLogger("rabbitretry.alerts")
+log = logging.getLogger("rabbitretry.monitoring.alerts")
 
 DEFAULT_WINDOW = 60.0
 DEFAULT_REPEAT = 3600.0
@@ -40,7 +47,7 @@ DEFAULT_TIMEOUT = 10.0
 HEARTBEAT_NAME = "alerts"
 
 
-class DeliveryFailed(Exception):
+class AlertNotDelivered(RabbitRetryError):
     """The webhook did not accept an alert (unreachable, timed out, or not a 2xx answer)."""
 
 
@@ -52,7 +59,7 @@ class RoundStats:
 
 
 async def post_json(url: str, body: dict[str, Any], timeout: float) -> None:
-    """POST ``body`` as JSON; :class:`DeliveryFailed` unless the answer is a 2xx."""
+    """POST ``body`` as JSON; :class:`AlertNotDelivered` unless the answer is a 2xx."""
     data = json.dumps(body, default=str).encode()
     request = urllib.request.Request(
         url,
@@ -68,11 +75,11 @@ async def post_json(url: str, body: dict[str, Any], timeout: float) -> None:
     try:
         await asyncio.to_thread(send)
     except urllib.error.HTTPError as error:
-        raise DeliveryFailed(f"HTTP {error.code} {error.reason}") from None
+        raise AlertNotDelivered(f"HTTP {error.code} {error.reason}") from None
     except urllib.error.URLError as error:
-        raise DeliveryFailed(str(error.reason)) from None
+        raise AlertNotDelivered(str(error.reason)) from None
     except (OSError, ValueError) as error:
-        raise DeliveryFailed(f"{type(error).__name__}: {error}") from None
+        raise AlertNotDelivered(f"{type(error).__name__}: {error}") from None
 
 
 async def take_due(executor: Executor, *, window: float, limit: int, lease: float) -> list[Alert]:
@@ -97,7 +104,7 @@ async def deliver_due(
     for alert in alerts:
         try:
             await post_json(webhook_url, payload(alert), timeout)
-        except DeliveryFailed as error:
+        except AlertNotDelivered as error:
             delay = backoff(alert.tries, base=retry_base)
             log.warning(
                 "alert %d (%s %s) not delivered to %s (try %d): %s; next try in %.0f s",

@@ -16,8 +16,8 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from rabbitretry.storable import storable_text
-from rabbitretry.wire import fits_amqp_decimal, is_utf8
+from rabbitretry.message.storable import storable_text
+from rabbitretry.message.wire import fits_amqp_decimal, is_utf8
 
 ATTEMPTS = "x-rabbitretry-attempts"
 """The ledger's attempt count when the copy was published: an older copy is stale."""

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from rabbitretry import amqp
 from rabbitretry.db import Executor, query
 from rabbitretry.errors import RabbitRetryError
-from rabbitretry.slo import RETRIED_OVER, QueueLevels
+from rabbitretry.monitoring.thresholds import RETRIED_OVER, QueueLevels
 
-log = logging.getLogger("rabbitretry.levels")
+log = logging.getLogger("rabbitretry.monitoring.levels")
 
 BROKER_TIMEOUT = 10.0
 

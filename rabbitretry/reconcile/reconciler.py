@@ -10,10 +10,10 @@ happen next for every key, so the reconciler scans it and repairs:
   its delivery was lost (a delivery that survives re-claims the row by itself, sooner);
 * outbox rows still pending ``grace`` seconds after they were due: no relay published them;
 * work past its consumer's ``expires_after``: finished ``skipped``, never published;
-* registered :class:`~rabbitretry.reconciliation.Reconciliation` s: expected keys that were
+* registered :class:`~rabbitretry.reconcile.expected.Reconciliation` s: expected keys that were
   never seen are re-published, orphans reported;
 * messages the broker itself dead-lettered into a dead-letter queue without a ledger row:
-  recorded dead (:mod:`rabbitretry.reconcile_dead_queue`).
+  recorded dead (:mod:`rabbitretry.reconcile.dead_queue`).
 
 A re-driven copy is the ledger's snapshot, published to the work queue through the default
 exchange under the same ``message_id`` (broker headers stripped, attempts header set), with
@@ -38,15 +38,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from rabbitretry import amqp, headers, heartbeat, ledger, reconcile_dead_queue, validity
+from rabbitretry import amqp, ledger
 from rabbitretry.consumer import Consumer
 from rabbitretry.db import UNAVAILABLE, Connection, Pool, Record, query
+from rabbitretry.delivery import validity
 from rabbitretry.errors import ConnectionLost, PublishError, UnpublishableError
+from rabbitretry.message import headers
+from rabbitretry.monitoring import heartbeat
 from rabbitretry.outbox import fail_unpublishable, publish_row
 from rabbitretry.publisher import encode
-from rabbitretry.reconciliation import Expected, Reconciliation, WindowReport, classify
+from rabbitretry.reconcile import dead_queue
+from rabbitretry.reconcile.expected import Expected, Reconciliation, WindowReport, classify
 
-log = logging.getLogger("rabbitretry.reconciler")
+log = logging.getLogger("rabbitretry.reconcile.reconciler")
 
 HEARTBEAT_NAME = "reconciler"
 KEY_CHUNK = 1000  # expected keys looked up per query
@@ -170,7 +174,7 @@ class Reconciler:
             report.retries_redriven = await self._redrive(report, "reconcile_overdue_retries")
             report.leases_redriven = await self._redrive(report, "reconcile_expired_leases")
             report.outbox_published = await self._publish_stuck_outbox(report)
-            report.broker_dead_recorded = await reconcile_dead_queue.scan(
+            report.broker_dead_recorded = await dead_queue.scan(
                 self.pool,
                 self._connection,
                 self._publisher_or_fail(),

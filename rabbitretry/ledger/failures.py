@@ -11,7 +11,7 @@ import re
 import traceback
 from dataclasses import dataclass
 
-from rabbitretry.storable import storable_text
+from rabbitretry.message.storable import storable_text
 
 MAX_MESSAGE = 2_000
 MAX_TRACEBACK = 8_000

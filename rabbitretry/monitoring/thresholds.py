@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from rabbitretry.heartbeat import Heartbeat
+from rabbitretry.monitoring.heartbeat import Heartbeat
 
 RETRIED_OVER = 5
 """A message counts as "retried many times" once it has been retried more than this."""

@@ -2,7 +2,7 @@
 
 Pure functions, no I/O. For a work queue ``Q``, ``Q.dead`` holds its dead letters, with no
 TTL: kept until someone replays or inspects them. Retries wait in the delay chain shared by
-every work queue of one queue type (:mod:`rabbitretry.delays`).
+every work queue of one queue type (:mod:`rabbitretry.topology.delays`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ The broker can put messages there behind its back: a quorum queue's delivery lim
 Such a message has no ledger row, so ``dead list``, the alerts and replay would never see it.
 Once per reconciler run, :func:`scan` walks each dead-letter queue and records each one as dead
 with reason ``dead-lettered-by-broker``: its body, its headers (``x-death`` included, as the
-evidence; stored as :mod:`rabbitretry.storable` does for every message) and its properties.
+evidence; stored as :mod:`rabbitretry.message.storable` does for every message) and its properties.
 
 How the queue is walked (``docs/reconciler.md`` gives the reasons):
 
@@ -37,16 +37,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rabbitretry import amqp, headers, naming
+from rabbitretry import amqp
 from rabbitretry.consumer import Consumer
 from rabbitretry.db import Pool, query
 from rabbitretry.errors import ConnectionLost, PublishError
-from rabbitretry.failure import Failure, rejection
 from rabbitretry.ledger import missing_id_key
+from rabbitretry.ledger.failures import Failure, rejection
+from rabbitretry.message import headers
+from rabbitretry.message.storable import encode_table, storable_text
 from rabbitretry.retry import RetryPolicy
-from rabbitretry.storable import encode_table, storable_text
+from rabbitretry.topology import names
 
-log = logging.getLogger("rabbitretry.reconciler")
+log = logging.getLogger("rabbitretry.reconcile.reconciler")
 
 REASON = "dead-lettered-by-broker"
 
@@ -114,7 +116,7 @@ async def dead_queues(pool: Pool, consumers: Sequence[type[Consumer[Any]]]) -> l
     default_attempts = RetryPolicy().max_attempts
     for row in await pool.fetch(query("dead_queue_ledger_queues")):
         queue = row["queue"]
-        by_queue.setdefault(queue, DeadQueue(queue, naming.dead_queue(queue), default_attempts))
+        by_queue.setdefault(queue, DeadQueue(queue, names.dead_queue(queue), default_attempts))
     return list(by_queue.values())
 
 

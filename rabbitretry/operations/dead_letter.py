@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rabbitretry import headers, ledger, tracing
+from rabbitretry import ledger, tracing
 from rabbitretry.amqp import ConfirmingPublisher
 from rabbitretry.db import Pool, Record, query
+from rabbitretry.message import headers
 
 
 async def replay_one(

@@ -34,10 +34,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rabbitretry import heartbeat
 from rabbitretry.db import UNAVAILABLE, Pool, query
+from rabbitretry.monitoring import heartbeat
 
-log = logging.getLogger("rabbitretry.jobs")
+log = logging.getLogger("rabbitretry.scheduled_jobs")
 
 
 class JobContext:

@@ -18,7 +18,7 @@ from rabbitretry.cli.common import (
     run_async,
     settings,
 )
-from rabbitretry.jobs import Job, run_job
+from rabbitretry.scheduled_jobs import Job, run_job
 
 app = typer.Typer(
     help="Scheduled jobs: run from cron on any number of machines, one instance at a time.",
@@ -42,7 +42,9 @@ async def run(
     """
     found = load_attribute(target, "MODULE:NAME (for example myapp.jobs:expire_coupons)")
     if not isinstance(found, Job):
-        raise UserError(f"{target} is not a job: decorate it with @rabbitretry.jobs.job(every=...)")
+        raise UserError(
+            f"{target} is not a job: decorate it with @rabbitretry.scheduled_jobs.job(every=...)"
+        )
     configure_logging(verbose)
     pool = await db.create_pool(settings().database(database), min_size=2, max_size=4)
     try:

@@ -27,7 +27,8 @@ from aio_pika.abc import (
     DeliveryMode,
 )
 
-from rabbitretry import lenient_frames, urls
+from rabbitretry import urls
+from rabbitretry.amqp import lenient_frames
 from rabbitretry.errors import (
     ConfigurationError,
     ConnectionLost,
@@ -37,8 +38,8 @@ from rabbitretry.errors import (
     UnpublishableError,
     UnroutableError,
 )
-from rabbitretry.headers import publishable_properties
-from rabbitretry.wire import why_unencodable
+from rabbitretry.message.headers import publishable_properties
+from rabbitretry.message.wire import why_unencodable
 
 # A foreign message the client cannot decode would close the connection, again on every
 # redelivery: decode what can be decoded leniently (rabbitretry/lenient_frames.py).

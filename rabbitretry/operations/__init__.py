@@ -7,7 +7,7 @@ every action writes the audit table: who, when, what, how many.
 
 A replay of many messages takes its list of targets once, at the start: messages that die
 while it runs are not swept in (the cutoff), and ``before`` can move the cutoff earlier.
-Each message is replayed by :func:`rabbitretry.deadletters.replay_one`, which keeps its
+Each message is replayed by :func:`rabbitretry.operations.dead_letter.replay_one`, which keeps its
 guarantees (row lock, confirmed publish, never two live copies).
 """
 
@@ -27,9 +27,10 @@ from typing import Any
 
 import pydantic
 
-from rabbitretry import amqp, deadletters, ledger
+from rabbitretry import amqp, ledger
 from rabbitretry.db import Executor, Pool, Record, query
 from rabbitretry.errors import RabbitRetryError
+from rabbitretry.operations import dead_letter
 
 STATUSES = ("dead", "retrying", "ignored")
 DEFAULT_LIMIT = 100
@@ -348,7 +349,7 @@ async def _replay_counted(
     report: ReplayReport,
     batch: str | None,
 ) -> None:
-    if await deadletters.replay_one(pool, sender, key, actor=actor, batch=batch):
+    if await dead_letter.replay_one(pool, sender, key, actor=actor, batch=batch):
         report.replayed += 1
         if len(report.keys) < KEYS_KEPT:
             report.keys.append(str(key))
@@ -469,7 +470,7 @@ async def edit_and_replay(
 ) -> bool:
     """Replace a dead letter's payload (checked first) and replay it; False if not dead."""
     body = checked_payload(payload, payload_adapter)
-    return await deadletters.replay_one(pool, sender, key, actor=actor, body=body, comment=comment)
+    return await dead_letter.replay_one(pool, sender, key, actor=actor, body=body, comment=comment)
 
 
 async def export(

@@ -26,7 +26,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from rabbitretry.wire import is_utf8
+from rabbitretry.message.wire import is_utf8
 
 TAGS = ("$bytes", "$decimal", "$timestamp", "$text", "$float", "$table")
 

@@ -25,12 +25,13 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from rabbitretry import db, heartbeat, levels
+from rabbitretry import db
 from rabbitretry.db import UNAVAILABLE, Executor, Pool, query
 from rabbitretry.delivery.outcome import FINISHED, Outcome
 from rabbitretry.delivery.worker import Health
+from rabbitretry.monitoring import heartbeat, levels
 
-log = logging.getLogger("rabbitretry.metrics")
+log = logging.getLogger("rabbitretry.monitoring.metrics")
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400)
