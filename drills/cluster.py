@@ -28,23 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from drills import nodes
+from drills.clock import Clock
 from drills.consumer import QUEUE_TYPE_ENV, STARTS_ENV
-from drills.drill import (
-    CONSUMER,
-    RECONCILE_EVERY,
-    RECONCILE_GRACE,
-    ROOT,
-    Clock,
-    DrillConfig,
-    DrillResult,
-    Enqueue,
-    Keep,
-    _publish_and_settle,
-    drill_queue,
-    scratch_database,
-)
+from drills.drill import CONSUMER, RECONCILE_EVERY, RECONCILE_GRACE, ROOT, DrillResult
 from drills.nodes import Node
 from drills.plan import Fault, Message, make_plan
+from drills.publisher import Enqueue
+from drills.scratch import Keep, drill_queue, scratch_database
+from drills.settle import publish_and_settle
 from drills.supervisor import Supervisor
 from rabbitretry import db
 from rabbitretry.outbox import Outbox, OutboxRelay
@@ -173,23 +164,20 @@ async def run_cluster_drill(
                 for index in range(len(cluster))
             ]
             faults = ClusterFaults(cluster, queue, workers, clock.say, config.node_down_seconds)
-            drill = DrillConfig(
-                amqp_url=every_node,
-                database_url=database_url,
-                messages=config.messages,
-                seed=plan.seed,
-                publish_seconds=config.publish_seconds,
-                concurrency=config.concurrency,
-                settle_timeout=config.settle_timeout,
-                restart_broker=False,
-                crash_database=False,
-            )
             try:
                 for worker in workers:
                     worker.start()
                 async with _reconcilers_and_relays(cluster, queue, database_url) as enqueue:
-                    verdict, republished, recovered = await _publish_and_settle(
-                        drill, plan, queue, database_url, faults, clock, starts, enqueue
+                    settled = await publish_and_settle(
+                        every_node,
+                        plan,
+                        queue,
+                        database_url,
+                        faults,
+                        clock,
+                        starts,
+                        config.settle_timeout,
+                        enqueue,
                     )
             finally:
                 faults.restore()
@@ -198,17 +186,17 @@ async def run_cluster_drill(
             exits = sum((worker.exits for worker in workers), Counter[int]())
             result = DrillResult(
                 plan,
-                verdict,
-                republished,
+                settled.verdict,
+                settled.republished,
                 dict(exits),
-                recovered,
+                settled.recovered_seconds,
                 clock.now(),
                 logs,
                 scratch,
                 database_outages=[],
                 leader_changes=faults.failovers,
             )
-            keep.wanted = keep.wanted or not verdict.ok
+            keep.wanted = keep.wanted or not settled.verdict.ok
             return result
     finally:
         if not keep.wanted:

@@ -6,43 +6,39 @@ process) is removed in a ``finally``, and every fault is undone there too, wheth
 passed, failed, or was interrupted with Ctrl-C. A failed drill (or ``keep``) leaves the scratch
 database (with its private server, stopped), the worker log and the handler starts behind for a
 post-mortem.
+
+This module wires the single-broker drill together; the pieces it shares with the cluster drill
+live beside it: :mod:`drills.scratch` (what a drill creates), :mod:`drills.settle` (publish,
+strike, settle, verify) and :mod:`drills.publisher`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import json
 import os
 import secrets
 import shutil
 import tempfile
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
-import aio_pika
-import asyncpg
-
-from drills.consumer import CREATE_EFFECTS, STARTS_ENV, DrillConsumer
+from drills.clock import Clock
+from drills.consumer import STARTS_ENV
 from drills.faults import Faults
-from drills.plan import Fault, Message, Plan, make_plan
+from drills.plan import Plan, make_plan
 from drills.private_postgres import PrivatePostgres, private_postgres
+from drills.scratch import Keep, drill_queue, proxied, scratch_database
+from drills.settle import Settled, publish_and_settle
 from drills.supervisor import Supervisor
-from drills.verify import Verdict, read_handler_starts, unfinished, verify
-from rabbitretry import amqp, db, urls
+from drills.verify import Verdict
+from rabbitretry import db
 from rabbitretry.reconcile.reconciler import Reconciler
-from rabbitretry.topology import Topology, declare
-from rabbitretry.topology.model import QueueType
-from tests.proxy import Proxy
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSUMER = "drills.consumer:DrillConsumer"
-REPUBLISH_PAUSE = 0.5  # seconds between attempts to publish while the broker is away
 # A reconciler runs beside the worker, as in production: it re-drives copies the broker lost
 # entirely (a classic queue's dead-lettering is at-most-once across a broker restart).
 RECONCILE_EVERY = 5.0
@@ -101,28 +97,6 @@ class DrillResult:
         )
 
 
-class Injector(Protocol):
-    """What strikes the faults of a plan (:class:`drills.faults.Faults` and the cluster's)."""
-
-    async def inject(self, fault: Fault) -> None: ...
-
-
-Enqueue = Callable[[Message], Awaitable[bool]]
-"""Takes a message into the outbox instead of publishing it (True), or leaves it (False)."""
-
-
-class Clock:
-    def __init__(self, say: Callable[[str], None]) -> None:
-        self.start = time.monotonic()
-        self._say = say
-
-    def now(self) -> float:
-        return time.monotonic() - self.start
-
-    def say(self, text: str) -> None:
-        self._say(f"[{self.now():6.1f}s] {text}")
-
-
 async def run_drill(config: DrillConfig, say: Callable[[str], None] = print) -> DrillResult:
     clock = Clock(say)
     plan = make_plan(config.seed, config.messages, publish_seconds=config.publish_seconds)
@@ -159,18 +133,13 @@ async def run_drill(config: DrillConfig, say: Callable[[str], None] = print) -> 
             await stack.enter_async_context(drill_queue(config.amqp_url, queue))
             broker_proxy = await stack.enter_async_context(proxied(config.amqp_url))
             database_proxy = await stack.enter_async_context(proxied(database_url))
-            supervisor = Supervisor(
-                CONSUMER,
-                {
-                    **os.environ,
-                    "RABBITRETRY_AMQP_URL": broker_proxy.url_for(config.amqp_url),
-                    "RABBITRETRY_DATABASE_URL": database_proxy.url_for(database_url),
-                    "RABBITRETRY_DRILL_QUEUE": queue,
-                    STARTS_ENV: str(starts),
-                },
-                logs / "worker.log",
-                concurrency=config.concurrency,
-                cwd=ROOT,
+            supervisor = _worker(
+                config,
+                queue,
+                broker_proxy.url_for(config.amqp_url),
+                database_proxy.url_for(database_url),
+                logs,
+                starts,
             )
             broker = urlsplit(config.amqp_url)
             faults = Faults(
@@ -184,18 +153,16 @@ async def run_drill(config: DrillConfig, say: Callable[[str], None] = print) -> 
             )
             try:
                 supervisor.start()
-                verdict, republished, recovered = await _exercise(
-                    config, plan, queue, database_url, faults, clock, starts
-                )
+                settled = await _exercise(config, plan, queue, database_url, faults, clock, starts)
             finally:
                 faults.restore()
                 await supervisor.stop()
             result = DrillResult(
                 plan,
-                verdict,
-                republished,
+                settled.verdict,
+                settled.republished,
                 dict(supervisor.exits),
-                recovered,
+                settled.recovered_seconds,
                 clock.now(),
                 logs / "worker.log",
                 _describe(scratch, server),
@@ -206,6 +173,20 @@ async def run_drill(config: DrillConfig, say: Callable[[str], None] = print) -> 
     finally:
         if not keep.wanted:
             shutil.rmtree(logs, ignore_errors=True)
+
+
+def _worker(
+    config: DrillConfig, queue: str, amqp_url: str, database_url: str, logs: Path, starts: Path
+) -> Supervisor:
+    """The supervised worker, connected to the broker and the database through the proxies."""
+    env = {
+        **os.environ,
+        "RABBITRETRY_AMQP_URL": amqp_url,
+        "RABBITRETRY_DATABASE_URL": database_url,
+        "RABBITRETRY_DRILL_QUEUE": queue,
+        STARTS_ENV: str(starts),
+    }
+    return Supervisor(CONSUMER, env, logs / "worker.log", concurrency=config.concurrency, cwd=ROOT)
 
 
 def _keep_server(server: PrivatePostgres, keep: Keep) -> None:
@@ -230,10 +211,19 @@ async def _exercise(
     faults: Faults,
     clock: Clock,
     starts: Path,
-) -> tuple[Verdict, int, float]:
-    """Publish and inject the faults, wait for the work to settle; (verdict, re-sends, recovery)."""
+) -> Settled:
+    """Publish and inject the faults with a reconciler running, wait for the work to settle."""
     async with _reconciling(config.amqp_url, database_url):
-        return await _publish_and_settle(config, plan, queue, database_url, faults, clock, starts)
+        return await publish_and_settle(
+            config.amqp_url,
+            plan,
+            queue,
+            database_url,
+            faults,
+            clock,
+            starts,
+            config.settle_timeout,
+        )
 
 
 @contextlib.asynccontextmanager
@@ -247,187 +237,3 @@ async def _reconciling(amqp_url: str, database_url: str) -> AsyncIterator[None]:
         reconciler.stop()
         await asyncio.wait_for(running, 30)
         await pool.close()
-
-
-async def _publish_and_settle(
-    config: DrillConfig,
-    plan: Plan,
-    queue: str,
-    database_url: str,
-    faults: Injector,
-    clock: Clock,
-    starts: Path,
-    enqueue: Enqueue | None = None,
-) -> tuple[Verdict, int, float]:
-    # Fault times count from the start of publishing, as the plan's message times do.
-    published_from = clock.now()
-    clock.say(f"publishing starts ({plan.publish_seconds:.0f} s)")
-    publisher = asyncio.create_task(_publish(config.amqp_url, queue, plan, clock, enqueue))
-    try:
-        for scheduled in plan.faults:
-            await asyncio.sleep(max(0.0, published_from + scheduled.at - clock.now()))
-            await faults.inject(scheduled.fault)
-        last_fault_restored = clock.now()
-        republished = await publisher
-    finally:
-        publisher.cancel()
-    clock.say(f"all {len(plan.messages)} messages published ({republished} sent again)")
-
-    ids = [m.message_id for m in plan.messages]
-    conn = await asyncpg.connect(database_url)
-    try:
-        deadline = clock.now() + config.settle_timeout
-        left = await unfinished(conn, queue, ids)
-        while left and clock.now() < deadline:
-            await asyncio.sleep(0.5)
-            left = await unfinished(conn, queue, ids)
-        settled = clock.now()
-        clock.say(
-            "every message is finished"
-            if not left
-            else f"{left} message(s) still unfinished after {config.settle_timeout:.0f} s"
-        )
-        redriven = await conn.fetchval(
-            "SELECT coalesce(sum(redrives), 0) FROM rabbitretry.ledger WHERE queue = $1", queue
-        )
-        clock.say(f"the reconciler re-drove {redriven} message(s) the broker had lost")
-        verdict = await verify(conn, queue, plan.messages, read_handler_starts(starts))
-    finally:
-        await conn.close()
-    return verdict, republished, max(0.0, settled - last_fault_restored)
-
-
-async def _publish(
-    amqp_url: str, queue: str, plan: Plan, clock: Clock, enqueue: Enqueue | None = None
-) -> int:
-    """Publish every message with confirms, paced over the window; the count of re-sends.
-
-    A publish that is not confirmed (the broker went away) is sent again with the same
-    message_id until it is: a copy may then exist twice, which the ledger must absorb. With
-    several URLs (a cluster), each new connection goes to the next node. ``enqueue`` may take
-    a message into the outbox instead.
-    """
-    interval = plan.publish_seconds / max(1, len(plan.messages))
-    start = clock.now()
-    republished = 0
-    nodes = itertools.cycle(urls.split_urls(amqp_url))
-    channel: aio_pika.abc.AbstractChannel | None = None
-    connection: aio_pika.abc.AbstractConnection | None = None
-    try:
-        for index, message in enumerate(plan.messages):
-            await asyncio.sleep(max(0.0, start + index * interval - clock.now()))
-            if enqueue is not None and await enqueue(message):
-                continue
-            while True:
-                try:
-                    if channel is None or channel.is_closed:
-                        if connection is not None:
-                            with contextlib.suppress(Exception):
-                                await connection.close()
-                        connection = await aio_pika.connect(next(nodes), timeout=5)
-                        channel = await connection.channel(
-                            publisher_confirms=True, on_return_raises=True
-                        )
-                    await _send(channel, queue, message)
-                    break
-                except (aio_pika.exceptions.AMQPError, OSError, RuntimeError, TimeoutError):
-                    republished += 1
-                    channel = None
-                    await asyncio.sleep(REPUBLISH_PAUSE)
-    finally:
-        if connection is not None:
-            with contextlib.suppress(Exception):
-                await connection.close()
-    return republished
-
-
-async def _send(channel: aio_pika.abc.AbstractChannel, queue: str, message: Message) -> None:
-    await asyncio.wait_for(
-        channel.default_exchange.publish(
-            aio_pika.Message(
-                json.dumps(message.body()).encode(),
-                message_id=message.message_id,
-                content_type="application/json",
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            ),
-            routing_key=queue,
-            mandatory=True,
-        ),
-        timeout=10,
-    )
-
-
-@dataclass
-class Keep:
-    """Whether to leave the scratch database and the worker log behind."""
-
-    wanted: bool
-
-
-@contextlib.asynccontextmanager
-async def scratch_database(server_url: str, name: str, keep: Keep) -> AsyncIterator[str]:
-    """A new database, migrated, with the effects table; dropped on the way out unless kept."""
-    admin = await asyncpg.connect(server_url)
-    try:
-        await admin.execute(f"CREATE DATABASE {name}")
-    finally:
-        await admin.close()
-    url = urlunsplit(urlsplit(server_url)._replace(path=f"/{name}"))
-    try:
-        conn = await asyncpg.connect(url)
-        try:
-            await db.migrate(conn)
-            await conn.execute(CREATE_EFFECTS)
-        finally:
-            await conn.close()
-        yield url
-    finally:
-        if not keep.wanted:
-            admin = await asyncpg.connect(server_url)
-            try:
-                await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-            finally:
-                await admin.close()
-
-
-@contextlib.asynccontextmanager
-async def drill_queue(
-    amqp_url: str, queue: str, queue_type: QueueType = "classic"
-) -> AsyncIterator[Topology]:
-    """The drill queue's topology, declared; every queue of it deleted on the way out."""
-    work_queue = DrillConsumer.work_queue().model_copy(update={"name": queue, "type": queue_type})
-    topology = Topology(queues=[work_queue])
-    connection = await amqp.connect(amqp_url, name="rabbitretry-drill")
-    try:
-        await declare(connection, topology)
-    finally:
-        await connection.close()
-    try:
-        yield topology
-    finally:
-        await _delete_queues(
-            amqp_url, [q.name for q in topology.queue_declarations() if not q.shared]
-        )
-
-
-async def _delete_queues(amqp_url: str, names: list[str]) -> None:
-    connection = await amqp.connect(amqp_url, name="rabbitretry-drill")
-    try:
-        for name in names:
-            channel = await connection.channel()
-            with contextlib.suppress(aio_pika.exceptions.AMQPError):
-                await channel.queue_delete(name)
-            with contextlib.suppress(aio_pika.exceptions.AMQPError):
-                await channel.close()
-    finally:
-        await connection.close()
-
-
-@contextlib.asynccontextmanager
-async def proxied(url: str) -> AsyncIterator[Proxy]:
-    parts = urlsplit(url)
-    proxy = await Proxy(parts.hostname or "127.0.0.1", parts.port or 0).start()
-    try:
-        yield proxy
-    finally:
-        await proxy.close()

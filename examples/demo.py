@@ -19,8 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from examples.points import SUSPENDED_USERS, AwardPoints
-from rabbitretry import Worker, amqp, db
-from rabbitretry.delivery.worker import topology_of
+from rabbitretry import Worker, amqp, db, topology_of
 from rabbitretry.errors import RabbitRetryError
 from rabbitretry.ledger import Key
 from rabbitretry.operations import dead_letter

@@ -36,9 +36,9 @@ from rabbitretry import (
     Worker,
     amqp,
     db,
+    topology_of,
 )
 from rabbitretry.callbacks import CallbackKind, CallbackReceiver, HmacSignature, StateMachine
-from rabbitretry.delivery.worker import topology_of
 from rabbitretry.reconcile.expected import ExpectedSource, reconciliation
 from rabbitretry.settings import Settings
 from rabbitretry.topology import declare

@@ -14,8 +14,7 @@ from collections.abc import Awaitable, Callable
 from rich.console import Console
 
 from examples import shop
-from rabbitretry import OutboxRelay, Publisher, Worker, amqp, db
-from rabbitretry.delivery.worker import topology_of
+from rabbitretry import OutboxRelay, Publisher, Worker, amqp, db, topology_of
 from rabbitretry.settings import Settings
 from rabbitretry.topology import declare
 

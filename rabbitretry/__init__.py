@@ -12,7 +12,7 @@ from rabbitretry.callbacks import (
     RecordNotFound,
     StateMachine,
 )
-from rabbitretry.consumer import Consumer, Context
+from rabbitretry.consumer import Consumer, Context, topology_of
 from rabbitretry.delivery.worker import Worker
 from rabbitretry.errors import (
     ConfigurationError,
@@ -67,5 +67,6 @@ __all__ = [
     "UnroutableError",
     "WorkQueue",
     "Worker",
+    "topology_of",
 ]
 __version__ = importlib.metadata.version("rabbitretry")

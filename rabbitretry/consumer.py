@@ -27,7 +27,14 @@ from rabbitretry import urls
 from rabbitretry.db import Connection
 from rabbitretry.errors import ConfigurationError
 from rabbitretry.retry import RetryPolicy
-from rabbitretry.topology.model import Binding, DeliveryLimit, QueueType, WorkQueue
+from rabbitretry.topology.model import (
+    Binding,
+    DeliveryLimit,
+    Exchange,
+    QueueType,
+    Topology,
+    WorkQueue,
+)
 
 Payload = TypeVar("Payload")
 
@@ -183,6 +190,15 @@ class Consumer(Generic[Payload]):
     def parse(cls, body: bytes) -> Payload:
         """The body validated into the payload type (raises ``pydantic.ValidationError``)."""
         return typing.cast(Payload, cls.payload_adapter.validate_json(body))
+
+
+def topology_of(consumers: Sequence[type[Consumer[Any]]]) -> Topology:
+    """The topology these consumers need, derived from their class attributes."""
+    exchanges = dict.fromkeys(b.exchange for c in consumers for b in c.bindings)
+    return Topology(
+        exchanges=[Exchange(name=name) for name in exchanges],
+        queues=[consumer.work_queue() for consumer in consumers],
+    )
 
 
 def _class_attrs(cls: type) -> set[str]:

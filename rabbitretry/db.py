@@ -15,6 +15,19 @@ import asyncpg.transaction
 from rabbitretry import urls
 from rabbitretry.errors import ConfigurationError, ServiceUnavailable
 
+__all__ = [
+    "Connection",
+    "Executor",
+    "Pool",
+    "PooledConnection",
+    "Record",
+    "Transaction",
+    "create_pool",
+    "migrate",
+    "pending_migrations",
+    "query",
+]
+
 Pool = asyncpg.Pool
 PooledConnection = asyncpg.pool.PoolConnectionProxy
 Connection = asyncpg.Connection | PooledConnection

@@ -31,6 +31,21 @@ raised, named in parentheses (the tests check that this tree lists every subclas
 
 from __future__ import annotations
 
+__all__ = [
+    "ConfigurationError",
+    "ConnectionLost",
+    "MissingMessageId",
+    "Permanent",
+    "PublishError",
+    "RabbitRetryError",
+    "Retry",
+    "ServiceUnavailable",
+    "TopologyError",
+    "TransactionRolledBack",
+    "UnpublishableError",
+    "UnroutableError",
+]
+
 
 class RabbitRetryError(Exception):
     """Base class of all rabbitretry exceptions."""

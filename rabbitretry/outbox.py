@@ -40,6 +40,8 @@ from rabbitretry.db import UNAVAILABLE, Connection, Pool, Record, query
 from rabbitretry.errors import ConnectionLost, PublishError, UnpublishableError
 from rabbitretry.publisher import encode, new_message_id
 
+__all__ = ["Outbox", "OutboxRelay", "RelayStats"]
+
 log = logging.getLogger("rabbitretry.outbox")
 
 NOTIFY_CHANNEL = "rabbitretry_outbox"

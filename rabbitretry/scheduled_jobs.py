@@ -37,6 +37,8 @@ from typing import Any, Literal
 from rabbitretry.db import UNAVAILABLE, Pool, query
 from rabbitretry.monitoring import heartbeat
 
+__all__ = ["Job", "JobContext", "JobOutcome", "job", "run_job"]
+
 log = logging.getLogger("rabbitretry.scheduled_jobs")
 
 

@@ -31,6 +31,7 @@ from rabbitretry.topology import Topology, load_many
 P = ParamSpec("P")
 T = TypeVar("T")
 
+
 def _stdout() -> Console:
     """Standard output: as wide as the terminal, or when piped wide enough that a table never
     wraps a key (scripts read it line by line); COLUMNS still wins when set."""

@@ -1,10 +1,11 @@
-"""Dead letters: replay one from the ledger snapshot (selections: :mod:`rabbitretry.operations`).
+"""Replaying one dead letter from its ledger snapshot (many: :mod:`rabbitretry.operations.replay`).
 
 A replay publishes the stored message to its work queue (never to the exchange it first came
 through, which may fan out elsewhere) and gives it a fresh attempt budget, all under a row lock:
 the publish is confirmed before the ledger says ``retrying``, and a second replay of the same
 message waits for the first and then finds it no longer dead, so two replays never make two
-live copies.
+live copies. The ledger writes are :mod:`rabbitretry.ledger.operator`'s, on the connection
+that holds the lock.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from rabbitretry import ledger, tracing
 from rabbitretry.amqp import ConfirmingPublisher
 from rabbitretry.db import Pool, Record, query
+from rabbitretry.ledger import operator
 from rabbitretry.message import headers
 
 
@@ -40,8 +42,8 @@ async def replay_one(
             return False
         snapshot = ledger.snapshot_of(row)
         if body is not None:
-            await conn.execute(query("operations_set_payload"), key.queue, key.message_id, body)
-        await conn.execute(query("mark_replayed"), key.queue, key.message_id)
+            await operator.set_payload(conn, key, body)
+        await operator.mark_replayed(conn, key)
         await conn.execute(
             query("operations_audit"),
             actor,

@@ -41,14 +41,14 @@ from rabbitretry import amqp
 from rabbitretry.consumer import Consumer
 from rabbitretry.db import Pool, query
 from rabbitretry.errors import ConnectionLost, PublishError
-from rabbitretry.ledger import missing_id_key
+from rabbitretry.ledger import missing_id_key, repairs
 from rabbitretry.ledger.failures import Failure, rejection
 from rabbitretry.message import headers
-from rabbitretry.message.storable import encode_table, storable_text
+from rabbitretry.message.storable import storable_text
 from rabbitretry.retry import RetryPolicy
 from rabbitretry.topology import names
 
-log = logging.getLogger("rabbitretry.reconcile.reconciler")
+log = logging.getLogger("rabbitretry.reconcile.reconciler")  # one logger for every step
 
 REASON = "dead-lettered-by-broker"
 
@@ -167,21 +167,24 @@ async def _record(pool: Pool, target: DeadQueue, found_now: list[Found]) -> set[
     batch = [f for f in found_now if not f.recorded_before]
     if not batch:
         return set()
-    rows = await pool.fetch(
-        query("dead_queue_record"),
+    inserted = await repairs.record_broker_dead(
+        pool,
         target.queue,
-        target.max_attempts,
-        REASON,
-        [f.message_id for f in batch],
-        [f.message.body for f in batch],
-        [encode_table(f.stored_headers) for f in batch],
-        [encode_table(f.stored_properties) for f in batch],
-        [f.exchange for f in batch],
-        [f.routing_key for f in batch],
-        [f.failure.message for f in batch],
-        [f.failure.fingerprint for f in batch],
+        [
+            repairs.BrokerDeadLetter(
+                message_id=f.message_id,
+                payload=f.message.body,
+                headers=f.stored_headers,
+                properties=f.stored_properties,
+                exchange=f.exchange,
+                routing_key=f.routing_key,
+                failure=f.failure,
+            )
+            for f in batch
+        ],
+        max_attempts=target.max_attempts,
+        reason=REASON,
     )
-    inserted = {row["message_id"] for row in rows}
     for item in batch:
         if item.message_id in inserted:
             log.warning(

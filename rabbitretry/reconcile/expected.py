@@ -16,7 +16,8 @@ ever seen). Missing keys are re-published under their own key, so that an origin
 late is dropped by the ledger. Keys that succeeded in the window without being expected are
 *orphans*: reported, for a person to look at.
 
-This module holds the definitions and the classification; it does no I/O.
+This module holds the definitions and the classification; it does no I/O (the check of a
+window against the ledger is :mod:`rabbitretry.reconcile.windows`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,16 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
+
+__all__ = [
+    "Classified",
+    "Expected",
+    "ExpectedSource",
+    "Reconciliation",
+    "WindowReport",
+    "classify",
+    "reconciliation",
+]
 
 IN_FLIGHT = frozenset({"processing", "retrying"})
 DEAD = frozenset({"dead", "ignored"})

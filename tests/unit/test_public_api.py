@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import pkgutil
 import re
 from pathlib import Path
@@ -46,6 +47,7 @@ EXPECTED = [
     "UnroutableError",
     "WorkQueue",
     "Worker",
+    "topology_of",
 ]
 """Adding or removing a public name is a decision: change this list, docs/api.md and the
 CHANGELOG together."""
@@ -136,3 +138,34 @@ def test_the_exception_tree_lists_every_exception_under_its_base() -> None:
 
 def test_the_api_page_draws_the_same_tree() -> None:
     assert parse_tree(API_DOC.read_text()) == parse_tree(errors.__doc__ or "")
+
+
+ROOT = API_DOC.parents[1]
+_FROM_IMPORT = re.compile(r"^\s*from (rabbitretry[\w.]*) import (\([^)]*\)|[^\n#]+)", re.M)
+
+
+def _documented_imports() -> list[tuple[str, str, str]]:
+    """(file, module, name) of every ``from rabbitretry... import name`` in the docs, the README
+    and the examples: what a user is shown to import."""
+    sources = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    sources += sorted((ROOT / "examples").glob("*.py"))
+    found = []
+    for path in sources:
+        for module, names in _FROM_IMPORT.findall(path.read_text()):
+            for name in names.strip("()").replace("\n", " ").split(","):
+                if name.strip():
+                    found.append((path.name, module, name.split(" as ")[0].strip()))
+    return found
+
+
+def test_every_name_the_docs_and_examples_import_is_exported() -> None:
+    imports = _documented_imports()
+    assert len(imports) > 20  # the scan finds them
+    unexported = []
+    for source, module_name, name in imports:
+        module = importlib.import_module(module_name)
+        if importlib.util.find_spec(f"{module_name}.{name}") if hasattr(module, "__path__") else 0:
+            continue  # a module of a package
+        if name not in getattr(module, "__all__", ()):
+            unexported.append(f"{source}: from {module_name} import {name}")
+    assert not unexported, "imported but not in the module's __all__: " + "; ".join(unexported)

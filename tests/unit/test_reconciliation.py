@@ -11,7 +11,7 @@ from rabbitretry.consumer import Consumer, Context
 from rabbitretry.delivery.validity import EXPIRED, is_expired, skip_reason
 from rabbitretry.errors import ConfigurationError
 from rabbitretry.reconcile.expected import Expected, Reconciliation, classify, reconciliation
-from rabbitretry.reconcile.reconciler import RateLimiter
+from rabbitretry.reconcile.pacing import RateLimiter
 from rabbitretry.scheduled_jobs import JobOutcome, job
 
 NOW = datetime(2026, 1, 31, 12, 0, tzinfo=UTC)

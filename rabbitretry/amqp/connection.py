@@ -1,0 +1,199 @@
+"""Connections to RabbitMQ: the first connection, failing over between a cluster's nodes, and
+why a connection could not be made, in the broker's terms.
+
+Consuming and publishing use separate connections: a broker under a memory or disk alarm
+blocks publishing connections, and the acks sent on them, so a publisher must never share a
+connection with consumers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import aio_pika
+import aiormq
+import yarl
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
+
+from rabbitretry import urls
+from rabbitretry.errors import ConfigurationError, ServiceUnavailable
+
+log = logging.getLogger("rabbitretry.amqp")
+
+# The names the rest of rabbitretry uses for aio-pika's types, so that only amqp/ imports it.
+IncomingMessage = AbstractIncomingMessage
+Channel = AbstractChannel
+Connection = AbstractRobustConnection
+
+# What a channel operation raises when the channel or its connection has gone away.
+CHANNEL_ERRORS = (
+    aiormq.exceptions.AMQPError,
+    aiormq.exceptions.ChannelInvalidStateError,  # a RuntimeError, not an AMQPError
+    aio_pika.exceptions.AMQPException,
+    ConnectionError,
+    asyncio.TimeoutError,
+)
+
+
+CONNECT_TIMEOUT = 10.0
+"""Seconds the first connection may take; a broker that does not answer by then is an error."""
+
+
+async def connect(url: str, *, name: str = "rabbitretry") -> Connection:
+    """A robust connection (it reconnects and restores channels); a clear error if none.
+
+    ``url`` may list several nodes of a cluster, comma-separated: the connection goes to the
+    first that answers and, when its node goes away, fails over to the next (round the list),
+    restoring its channels, declarations and consumers there.
+
+    The URLs are checked before anything is tried (:func:`rabbitretry.urls.check_amqp_urls`),
+    and each first connection is bounded: a wrong password, a virtual host that does not
+    exist, a port where nothing listens or a broker that does not answer is a
+    :class:`ServiceUnavailable` saying which (for each node), with the URL masked, never a
+    retry loop.
+    """
+    nodes = urls.split_urls(url)
+    endpoints = urls.check_amqp_urls(url)
+    reasons = []
+    for start, (node_url, endpoint) in enumerate(zip(nodes, endpoints, strict=True)):
+        connection = await _connect_from(nodes, start, name)
+        if not isinstance(connection, Exception):
+            return connection
+        reasons.append(_why_not_connected(connection, node_url, endpoint))
+    if len(reasons) == 1:
+        raise ServiceUnavailable(reasons[0])
+    raise ServiceUnavailable(
+        f"cannot connect to RabbitMQ at any of its {len(reasons)} URLs: " + "; ".join(reasons)
+    )
+
+
+async def _connect_from(nodes: list[str], start: int, name: str) -> Connection | Exception:
+    """A :class:`FailoverConnection` whose first connection went to ``nodes[start]``, or why
+    that connection failed."""
+    url = nodes[start]
+    try:
+        connection = FailoverConnection(
+            [yarl.URL(node) for node in nodes], start, client_properties={"connection_name": name}
+        )
+    except ValueError as error:  # a query parameter aio-pika cannot read
+        raise ConfigurationError(
+            f"the AMQP URL {urls.mask_url(url)} is not usable: {urls.scrub(str(error), url)}"
+        ) from None
+    try:
+        async with asyncio.timeout(CONNECT_TIMEOUT + 5):
+            with _quiet_transport_errors():
+                await connection.connect(timeout=CONNECT_TIMEOUT)
+    except BaseException as error:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(connection.close(), 5)
+        if not isinstance(error, Exception):
+            raise
+        return error
+    return connection
+
+
+class FailoverConnection(aio_pika.RobustConnection):
+    """A robust connection that knows a cluster's nodes: each time its connection closes or
+    an attempt fails, the next attempt goes to the next node, round the list.
+
+    aio-pika's own robust connection retries one URL for ever, which keeps a worker idle for
+    as long as its node is down although the queues (quorum, replicated) are served by the
+    others. Query options (heartbeat, timeouts) are read from the first URL.
+    """
+
+    def __init__(self, nodes: list[yarl.URL], start: int, **kwargs: Any) -> None:
+        super().__init__(nodes[start], **kwargs)
+        self._nodes = nodes
+        self._node = start
+
+    async def _on_connection_close(self, closing: asyncio.Future[Any]) -> None:
+        await super()._on_connection_close(closing)
+        # connection_attempt counts successful connections: before the first, a failure ends
+        # this object (connect() tries the next node with a new one).
+        if self.close_called or self.is_closed or not self.connection_attempt:
+            return
+        if len(self._nodes) == 1:
+            return
+        self._node = (self._node + 1) % len(self._nodes)
+        self.url = self._nodes[self._node]
+        log.warning("RabbitMQ connection lost or refused; next attempt at %s", node_url(self))
+
+
+def _why_not_connected(error: Exception, url: str, endpoint: urls.Endpoint) -> str:
+    """One sentence for a failed first connection: what the broker said, in its terms."""
+    where = f"cannot connect to RabbitMQ at {urls.mask_url(url)}"
+    text = urls.scrub(str(error) or type(error).__name__, url)
+    if isinstance(error, aiormq.exceptions.ProbableAuthenticationError) or (
+        "ACCESS_REFUSED" in text
+    ):
+        return (
+            f"{where}: the broker refused the login of user {endpoint.user!r} (ACCESS_REFUSED): "
+            "the user name or password in RABBITRETRY_AMQP_URL is wrong"
+        )
+    if "Connection.OpenOk" in text and "Connection.Close" in text:
+        # RabbitMQ answers Connection.Open for a virtual host that does not exist, or that
+        # the user may not use, with Connection.Close; aiormq loses its reply text.
+        return (
+            f"{where}: the broker refused virtual host {endpoint.path!r} for user "
+            f"{endpoint.user!r}: it does not exist or the user may not use it (check the "
+            f"virtual host in RABBITRETRY_AMQP_URL, or create it: rabbitmqctl add_vhost "
+            f"{endpoint.path})"
+        )
+    causes = [error, error.__cause__, error.__context__]
+    codes = {c.args[0] for c in causes if isinstance(c, OSError) and c.args} | {
+        c.errno for c in causes if isinstance(c, OSError) and c.errno is not None
+    }
+    if errno.ECONNREFUSED in codes or any(isinstance(c, ConnectionRefusedError) for c in causes):
+        return (
+            f"{where}: nothing listens on {endpoint.address} (connection refused); is the "
+            "broker running, and is RABBITRETRY_AMQP_URL right?"
+        )
+    if any(isinstance(c, socket.gaierror) for c in causes) or codes & _NAME_NOT_FOUND:
+        return (
+            f"{where}: host {endpoint.address.rpartition(':')[0]!r} not found ({text}); is "
+            "the host in RABBITRETRY_AMQP_URL right?"
+        )
+    if isinstance(error, TimeoutError):
+        return (
+            f"{where}: no answer within {CONNECT_TIMEOUT:.0f} s; is the broker running, and is "
+            "RABBITRETRY_AMQP_URL right?"
+        )
+    return f"{where}: {text}. Is the broker running, and is RABBITRETRY_AMQP_URL right?"
+
+
+_NAME_NOT_FOUND = {socket.EAI_NONAME, socket.EAI_AGAIN, getattr(socket, "EAI_NODATA", -5)}
+
+
+class _DropTransportErrors(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("error when creating transport")
+
+
+@contextlib.contextmanager
+def _quiet_transport_errors() -> Iterator[None]:
+    """Hide aiormq's own log line for a failed first connection: :func:`connect` raises a
+    clearer error, and a start-up failure should be one line."""
+    logger = logging.getLogger("aiormq.connection")
+    quiet = _DropTransportErrors()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
+def node_url(connection: Connection) -> str:
+    """The URL (password masked) of the node ``connection`` is on, or was last on."""
+    return urls.mask_url(str(getattr(connection, "url", "")))
+
+
+def is_up(connection: Connection) -> bool:
+    """True while ``connection`` is open: ``is_closed`` stays False while a robust connection
+    reconnects, its ``connected`` event does not."""
+    return not connection.is_closed and connection.connected.is_set()

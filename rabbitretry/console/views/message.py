@@ -1,0 +1,56 @@
+"""One message: its payload, headers, state, attempts and audit trail, with the forms that act
+on it."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from urllib.parse import urlencode
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from rabbitretry import ledger, operations
+from rabbitretry.console import display
+from rabbitretry.console.app import config_of, pool_of, render
+
+
+async def message(request: Request) -> Response:
+    key = ledger.Key(request.query_params.get("queue", ""), request.query_params.get("id", ""))
+    return await message_page(request, key)
+
+
+async def message_page(
+    request: Request, key: ledger.Key, *, error: str = "", draft: str | None = None
+) -> Response:
+    """The page of ``key``; with ``error`` (a 400), it shows the rejected ``draft`` payload
+    again so an edit that failed validation can be corrected rather than retyped."""
+    pool = pool_of(request)
+    row = await ledger.get(pool, key)
+    if row is None:
+        raise HTTPException(404, f"no message {key} in the ledger")
+    attempts, audit = await operations.history(pool, key)
+    payload = display.payload(bytes(row["payload"]))
+    return render(
+        request,
+        "message.html",
+        400 if error else 200,
+        row=row,
+        key=key,
+        attempts=attempts,
+        audit=audit,
+        payload=payload,
+        draft=(payload.text or "") if draft is None else draft,
+        headers=json.dumps(json.loads(row["headers"]), indent=2, sort_keys=True),
+        properties=json.dumps(json.loads(row["properties"]), indent=2, sort_keys=True),
+        has_model=key.queue in config_of(request).models,
+        error=error,
+        now=datetime.now(UTC),
+    )
+
+
+def to_message(key: ledger.Key, notice: str) -> Response:
+    """Back to the message's page after an action on it, announcing ``notice``."""
+    query = urlencode({"queue": key.queue, "id": key.message_id, "notice": notice})
+    return RedirectResponse(f"/message?{query}", status_code=303)

@@ -1,0 +1,215 @@
+"""Replaying dead letters: which ones, how fast, and whether a canary goes first.
+
+A replay of many messages takes its list of targets once, at the start: messages that die
+while it runs are not swept in (the cutoff), and ``before`` can move the cutoff earlier.
+Each message is replayed by :func:`rabbitretry.operations.dead_letter.replay_one`, which keeps
+its guarantees (row lock, confirmed publish, never two live copies); this module decides the
+order, the pace and when to stop, and reports what was done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+import pydantic
+
+from rabbitretry import amqp, ledger
+from rabbitretry.db import Pool, query
+from rabbitretry.operations.audit import audit, queue_of
+from rabbitretry.operations.dead_letter import replay_one
+from rabbitretry.operations.errors import OperationError
+from rabbitretry.operations.payload import checked_payload
+
+KEYS_KEPT = 1000  # replayed keys a report lists; a group may be a million
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*(s|sec|second|m|min|minute))?\s*$")
+
+
+def parse_rate(text: str) -> float:
+    """``20/s``, ``300/m`` or ``20`` → messages per second."""
+    match = _RATE.match(text)
+    if not match or float(match[1]) <= 0:
+        raise OperationError(f"{text!r} is not a rate like 20/s or 300/m")
+    per_second = float(match[1])
+    return per_second / 60 if (match[2] or "s").startswith("m") else per_second
+
+
+def pause_before(index: int, rate: float | None, started: float, now: float) -> float:
+    """Seconds to wait before the ``index``-th publish (from 0) so as not to exceed ``rate``."""
+    if rate is None:
+        return 0.0
+    return max(0.0, started + index / rate - now)
+
+
+@dataclass
+class ReplayReport:
+    """What a replay did; ``stopped`` says why it ended early (a failed canary)."""
+
+    targets: int
+    replayed: int = 0
+    skipped: int = 0
+    canary: str | None = None
+    """The canary's key and final status, e.g. ``orders/42 succeeded``."""
+    stopped: str | None = None
+    keys: list[str] = field(default_factory=list)
+    """The first replayed keys (at most ``KEYS_KEPT``)."""
+
+    def summary(self) -> str:
+        text = f"replayed {self.replayed} of {self.targets}"
+        if self.skipped:
+            text += f", {self.skipped} no longer dead (skipped)"
+        if self.canary:
+            text += f"; canary {self.canary}"
+        if self.stopped:
+            text += f"; stopped: {self.stopped}"
+        return text
+
+
+Progress = Callable[[ReplayReport], None]
+
+
+async def replay_targets(
+    pool: Pool,
+    *,
+    keys: Sequence[ledger.Key] | None = None,
+    queue: str | None = None,
+    fingerprint: str | None = None,
+    error: str | None = None,
+    before: datetime | None = None,
+    limit: int | None = None,
+) -> list[ledger.Key]:
+    """The dead letters a replay applies to, oldest death first, taken once (the cutoff);
+    all of them unless ``limit`` is given."""
+    rows = await pool.fetch(
+        query("operations_replay_targets"),
+        [str(k) for k in keys] if keys is not None else None,
+        queue,
+        fingerprint,
+        error,
+        before,
+        limit,
+    )
+    return [ledger.Key(r["queue"], r["message_id"]) for r in rows]
+
+
+@contextlib.asynccontextmanager
+async def publisher(amqp_url: str) -> AsyncIterator[amqp.ConfirmingPublisher]:
+    """A confirming publisher on its own connection, for one operation."""
+    connection = await amqp.connect(amqp_url, name="rabbitretry-operations")
+    try:
+        yield await amqp.ConfirmingPublisher.open(connection)
+    finally:
+        await connection.close()
+
+
+async def replay(
+    pool: Pool,
+    sender: amqp.ConfirmingPublisher,
+    targets: Sequence[ledger.Key],
+    *,
+    actor: str,
+    rate: float | None = None,
+    canary: bool = False,
+    canary_timeout: float = 60.0,
+    description: dict[str, Any] | None = None,
+    on_progress: Progress | None = None,
+    batch: str | None = None,
+) -> ReplayReport:
+    """Replay ``targets`` at most ``rate`` per second; with ``canary``, the first one alone.
+
+    The canary is replayed, then the ledger is watched until a worker finishes it: only if it
+    succeeded are the others replayed. A canary that dies again, is skipped or is still not
+    finished after ``canary_timeout`` seconds stops the operation, and the report says so.
+    A replay of several messages is audited as one ``replay-batch`` row, and each message's
+    own row names it (``batch``: given, else made up).
+    """
+    report = ReplayReport(targets=len(targets))
+    rest = list(targets)
+    batch = (batch or secrets.token_hex(6)) if len(targets) > 1 else None
+    if canary and rest:
+        first = rest.pop(0)
+        await _replay_counted(pool, sender, first, actor, report, batch)
+        status = await wait_finished(pool, first, timeout=canary_timeout)
+        report.canary = f"{first} {status or 'unfinished'}"
+        if status != "succeeded":
+            report.stopped = (
+                f"the canary {first} is {status or f'not finished after {canary_timeout:g} s'}"
+                f"; {len(rest)} left dead"
+            )
+            rest = []
+        if on_progress:
+            on_progress(report)
+    started = time.monotonic()
+    for index, key in enumerate(rest):
+        await asyncio.sleep(pause_before(index, rate, started, time.monotonic()))
+        await _replay_counted(pool, sender, key, actor, report, batch)
+        if on_progress:
+            on_progress(report)
+    if len(targets) > 1:
+        await audit(
+            pool,
+            actor,
+            "replay-batch",
+            queue=queue_of(targets),
+            messages=report.replayed,
+            detail={**(description or {}), **asdict(report), "rate": rate, "keys": None},
+            batch=batch,
+        )
+    return report
+
+
+async def _replay_counted(
+    pool: Pool,
+    sender: amqp.ConfirmingPublisher,
+    key: ledger.Key,
+    actor: str,
+    report: ReplayReport,
+    batch: str | None,
+) -> None:
+    if await replay_one(pool, sender, key, actor=actor, batch=batch):
+        report.replayed += 1
+        if len(report.keys) < KEYS_KEPT:
+            report.keys.append(str(key))
+    else:
+        report.skipped += 1
+
+
+async def wait_finished(
+    pool: Pool,
+    key: ledger.Key,
+    *,
+    timeout: float,
+    interval: float = 0.2,
+) -> str | None:
+    """The status ``key`` finishes with (succeeded, dead, ...), or None after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        row = await ledger.get(pool, key)
+        if row is not None and row["status"] in ledger.FINISHED:
+            return str(row["status"])
+        if time.monotonic() >= deadline:
+            return None
+        await asyncio.sleep(interval)
+
+
+async def edit_and_replay(
+    pool: Pool,
+    sender: amqp.ConfirmingPublisher,
+    key: ledger.Key,
+    payload: str | bytes,
+    *,
+    actor: str,
+    payload_adapter: pydantic.TypeAdapter[Any] | None = None,
+    comment: str | None = None,
+) -> bool:
+    """Replace a dead letter's payload (checked first) and replay it; False if not dead."""
+    body = checked_payload(payload, payload_adapter)
+    return await replay_one(pool, sender, key, actor=actor, body=body, comment=comment)

@@ -1,0 +1,95 @@
+"""Re-driving ledger rows whose broker copy was lost: overdue retries and expired leases.
+
+A ``retrying`` row overdue by more than ``grace`` seconds lost its delay copy; a ``processing``
+row whose lease ran out ``grace`` seconds ago lost its worker and then its delivery (a delivery
+that survives re-claims the row by itself, sooner). Each is re-published from the ledger's
+snapshot to its work queue through the default exchange under the same ``message_id`` (broker
+headers stripped, attempts header set), with confirms and ``mandatory``; a copy that arrives
+twice is dropped by the claim, so a re-drive never runs a handler twice. Work past its
+consumer's ``expires_after`` is finished ``skipped`` instead, never published.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from rabbitretry import amqp, ledger
+from rabbitretry.db import Pool, Record
+from rabbitretry.delivery import validity
+from rabbitretry.errors import ConnectionLost, PublishError, UnpublishableError
+from rabbitretry.ledger import repairs
+from rabbitretry.message import headers
+from rabbitretry.reconcile.run import Run
+
+log = logging.getLogger("rabbitretry.reconcile.reconciler")  # one logger for every step
+
+Scan = Callable[[Pool, float, int], Awaitable[list[Record]]]
+"""Takes and marks a batch of lost rows, ``(pool, grace, limit)``: ``repairs.take_*``."""
+
+
+async def redrive(run: Run, scan: Scan, expiry: Mapping[str, float]) -> int:
+    """Take marked batches of ``scan`` and publish (or skip) each row; how many published.
+
+    ``expiry`` maps a queue to its consumer's ``expires_after``.
+    """
+    published = 0
+    for _ in range(run.max_batches):
+        rows = await scan(run.pool, run.grace, run.batch_size)
+        for row in rows:
+            if await _skip_if_expired(run, row, expiry):
+                run.report.expired_skipped += 1
+            elif await _publish_row(run, row):
+                published += 1
+        if len(rows) < run.batch_size:
+            break
+    return published
+
+
+async def _skip_if_expired(run: Run, row: Record, expiry: Mapping[str, float]) -> bool:
+    expires_after = expiry.get(row["queue"])
+    if expires_after is None:
+        return False
+    if not validity.is_expired(expires_after, _born(row), datetime.now(UTC)):
+        return False
+    key = ledger.Key(row["queue"], row["message_id"])
+    skipped = await repairs.skip_expired(run.pool, key, validity.EXPIRED)
+    if skipped:
+        log.info("%s/%s: expired, marked skipped", row["queue"], row["message_id"])
+    return skipped
+
+
+async def _publish_row(run: Run, row: Record) -> bool:
+    """Re-publish a row's snapshot to its work queue; False (and recorded) on a refusal."""
+    snapshot = ledger.snapshot_of(row)
+    await run.limiter.wait()
+    try:
+        await run.publisher.publish(
+            snapshot.body,
+            routing_key=row["queue"],
+            message_id=row["message_id"],
+            headers=headers.republished(snapshot.headers, row["attempts"]),
+            properties=amqp.restore_properties(snapshot.properties),
+        )
+    except ConnectionLost:
+        raise  # every next publish would fail too: end the run, the rows stay marked
+    except (PublishError, UnpublishableError) as error:
+        # The row stays marked: it is tried again after the grace period (a snapshot that
+        # cannot be encoded is reported on each pass, and the run goes on).
+        run.report.errors.append(f"{row['queue']}/{row['message_id']}: {error}")
+        log.error("re-driving %s/%s failed: %s", row["queue"], row["message_id"], error)
+        return False
+    log.info("%s/%s re-driven to its work queue", row["queue"], row["message_id"])
+    return True
+
+
+def _born(row: Record) -> datetime | None:
+    """When the message was published (its AMQP timestamp), else when it was first seen."""
+    properties: Mapping[str, Any] = json.loads(row["properties"])
+    if "timestamp" in properties:
+        return datetime.fromtimestamp(float(properties["timestamp"]), tz=UTC)
+    first_seen: datetime | None = row["first_seen"]
+    return first_seen

@@ -1,0 +1,61 @@
+"""Publishing outbox rows no relay published: still pending ``grace`` seconds after they were
+due (no relay is running, or it stalled). The rows are taken and locked as a relay takes them,
+so a relay and the reconciler never publish the same row."""
+
+from __future__ import annotations
+
+import logging
+
+from rabbitretry.db import Connection, Record, query
+from rabbitretry.errors import ConnectionLost, PublishError, UnpublishableError
+from rabbitretry.outbox import fail_unpublishable, publish_row
+from rabbitretry.reconcile.run import Run
+
+log = logging.getLogger("rabbitretry.reconcile.reconciler")  # one logger for every step
+
+
+async def publish_stuck_outbox(run: Run) -> int:
+    """Publish outbox rows no relay took, holding their locks like a relay does."""
+    published = 0
+    for _ in range(run.max_batches):
+        async with run.pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(query("reconcile_stuck_outbox"), run.grace, run.batch_size)
+            sent, lost = await _publish_outbox_rows(run, conn, rows)
+            if sent:
+                await conn.execute(query("outbox_sent"), sent)
+        if lost is not None:
+            raise lost  # every next publish would fail too; the confirmed rows stay sent
+        published += len(sent)
+        if len(rows) < run.batch_size:
+            break
+    return published
+
+
+async def _publish_outbox_rows(
+    run: Run, conn: Connection, rows: list[Record]
+) -> tuple[list[int], ConnectionLost | None]:
+    """Publish ``rows`` in turn: the ids confirmed, and the lost connection that cut the
+    batch short, if one did. A row that cannot be published never ends the run."""
+    sent: list[int] = []
+    for row in rows:
+        await run.limiter.wait()
+        try:
+            await publish_row(run.publisher, row)
+        except ConnectionLost as error:
+            return sent, error
+        except UnpublishableError as error:
+            # No try can succeed: failed now, with the reason, as the relay does.
+            await fail_unpublishable(conn, row, error)
+            run.report.errors.append(f"outbox row {row['id']} cannot be published: {error}")
+            continue
+        except PublishError as error:
+            # Left pending for the relay, whose backoff and give-up rules apply.
+            run.report.errors.append(f"outbox row {row['id']}: {error}")
+            continue
+        except Exception as error:
+            # A bug: left pending for the relay, and the run goes on to its other checks.
+            log.exception("publishing outbox row %s failed", row["id"])
+            run.report.errors.append(f"outbox row {row['id']}: {type(error).__name__}: {error}")
+            continue
+        sent.append(row["id"])
+    return sent, None

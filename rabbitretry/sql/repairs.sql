@@ -1,0 +1,87 @@
+-- The ledger writes the reconciler makes to repair what the broker lost (run by
+-- rabbitretry/ledger/repairs.py: ledger/ is the only writer of the ledger tables). The scans
+-- take a bounded batch with FOR UPDATE SKIP LOCKED and mark what they took in the same
+-- statement, so that reconcilers running side by side never take the same row.
+
+-- name: reconcile_overdue_retries
+-- `retrying` rows overdue by more than $1 seconds (their delay copy never came back); at most
+-- $2, marked re-driven. A row re-driven before is left alone for $1 seconds, doubling with each
+-- re-drive up to 64 × $1: a queue whose workers are down is not filled with copies. Served by
+-- ledger_retry_due_idx (status = 'retrying', next_retry_at).
+WITH due AS (
+    SELECT queue, message_id FROM rabbitretry.ledger
+    WHERE status = 'retrying' AND next_retry_at < now() - make_interval(secs => $1)
+      AND (redriven_at IS NULL
+           OR redriven_at < now() - make_interval(secs => $1 * 2 ^ least(redrives - 1, 6)))
+    ORDER BY next_retry_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE rabbitretry.ledger l
+SET redriven_at = now(), redrives = l.redrives + 1
+FROM due
+WHERE l.queue = due.queue AND l.message_id = due.message_id
+RETURNING l.queue, l.message_id, l.attempts, l.first_seen, l.payload, l.headers, l.properties,
+          l.exchange, l.routing_key;
+
+-- name: reconcile_expired_leases
+-- `processing` rows whose lease ran out more than $1 seconds ago (the worker died and its
+-- delivery was lost); at most $2, marked re-driven, with the same hold-off as above. Served by
+-- ledger_lease_idx (status = 'processing', lease_until).
+WITH due AS (
+    SELECT queue, message_id FROM rabbitretry.ledger
+    WHERE status = 'processing' AND lease_until < now() - make_interval(secs => $1)
+      AND (redriven_at IS NULL
+           OR redriven_at < now() - make_interval(secs => $1 * 2 ^ least(redrives - 1, 6)))
+    ORDER BY lease_until
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE rabbitretry.ledger l
+SET redriven_at = now(), redrives = l.redrives + 1
+FROM due
+WHERE l.queue = due.queue AND l.message_id = due.message_id
+RETURNING l.queue, l.message_id, l.attempts, l.first_seen, l.payload, l.headers, l.properties,
+          l.exchange, l.routing_key;
+
+-- name: reconcile_skip_expired
+-- Work that is no longer valid ($3: the reason) is finished as skipped, never executed: a
+-- retry waiting for its turn, or an attempt whose worker died (its attempt is logged crashed).
+-- Returns 1 when the row was skipped, 0 when it had moved on meanwhile.
+WITH skipped AS (
+    UPDATE rabbitretry.ledger
+    SET status = 'skipped', reason = $3, finished_at = now(), updated_at = now(),
+        next_retry_at = NULL, lease_until = NULL
+    WHERE queue = $1 AND message_id = $2
+      AND (status = 'retrying' OR (status = 'processing' AND lease_until < now()))
+    RETURNING queue, message_id, attempts
+), crashed AS (
+    UPDATE rabbitretry.attempt a
+    SET finished_at = now(), outcome = 'crashed', error_type = 'WorkerLost',
+        error_message = 'the worker stopped renewing its lease before the attempt finished'
+    FROM skipped s
+    WHERE a.queue = s.queue AND a.message_id = s.message_id AND a.attempt = s.attempts
+      AND a.outcome IS NULL
+)
+SELECT count(*)::int FROM skipped;
+
+-- name: dead_queue_record
+-- Messages taken off work queue $1's dead-letter queue, stored dead with reason $3 (also their
+-- error type) and max_attempts $2, unless the ledger already has their key: any existing row,
+-- terminal or still in flight, is left exactly as it is (the ledger decides). The keys inserted
+-- are returned. Two copies of one key in a batch make one row; keys are inserted in order, so
+-- reconcilers recording overlapping batches at once cannot deadlock. Every insert raises the
+-- dead-letter alert through the ledger_alert_on_dead trigger.
+INSERT INTO rabbitretry.ledger AS l (queue, message_id, status, attempts, max_attempts, reason,
+                                     error_type, error_message, error_fingerprint, finished_at,
+                                     payload, headers, properties, exchange, routing_key)
+SELECT DISTINCT ON (m.message_id)
+       $1, m.message_id, 'dead', 0, $2, $3, $3, m.error_message, m.fingerprint, now(),
+       m.payload, m.headers, m.properties, m.exchange, m.routing_key
+FROM unnest($4::text[], $5::bytea[], $6::jsonb[], $7::jsonb[], $8::text[], $9::text[],
+            $10::text[], $11::text[])
+     AS m (message_id, payload, headers, properties, exchange, routing_key, error_message,
+           fingerprint)
+ORDER BY m.message_id
+ON CONFLICT (queue, message_id) DO NOTHING
+RETURNING l.message_id;

@@ -1,0 +1,462 @@
+-- The ledger database of rabbitretry, whole: every table, index, constraint, function and
+-- trigger of the schema `rabbitretry` as the migrations 0001 to 0008 leave it, in one file to
+-- read (what is stored, and why) and to build an empty database from in one step:
+--
+--     psql --single-transaction -f rabbitretry/sql/schema.sql "$RABBITRETRY_DATABASE_URL"
+--
+-- A database built from it is at the latest version: its schema_migration rows (at the end)
+-- say which migrations it stands for, so `rabbitretry db migrate` then applies nothing.
+--
+-- The migrations in sql/migrations/ stay the way a live database is upgraded; this file only
+-- describes where they lead. A new migration changes this file too:
+-- tests/integration/test_schema.py fails until a database built from it equals one built by
+-- the migrations (columns, constraints, indexes, functions, triggers, schema_migration rows).
+-- To regenerate it, migrate a scratch database and dump its schema,
+--
+--     pg_dump --schema-only --no-owner --no-privileges --schema=rabbitretry DATABASE_URL
+--
+-- then bring the change into this file by hand, in this layout (pg_dump's SET lines, its
+-- separate sequences and ALTER TABLE ... ADD CONSTRAINT are not needed here, and it drops the
+-- comments). Function bodies are kept exactly as the migrations wrote them: PostgreSQL stores
+-- a body's text as written, and the comparison reads it. No statement here is loaded by name.
+
+CREATE SCHEMA IF NOT EXISTS rabbitretry;
+
+
+-- The ledger ---------------------------------------------------------------------------------
+
+-- One row per (queue, message_id), the single source of truth for a message.
+CREATE TABLE rabbitretry.ledger (
+    queue                text        NOT NULL,
+    message_id           text        NOT NULL,
+    status               text        NOT NULL CHECK (status IN
+                             ('processing', 'retrying', 'succeeded', 'dead', 'skipped', 'ignored')),
+    -- attempts always equals the number of rabbitretry.attempt rows for the key;
+    -- attempts_forgiven are those that do not count against max_attempts
+    -- (interrupted by a shutdown, or made before a replay granted a fresh budget).
+    attempts             integer     NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    attempts_forgiven    integer     NOT NULL DEFAULT 0 CHECK (attempts_forgiven >= 0),
+    max_attempts         integer     NOT NULL CHECK (max_attempts >= 1),
+    next_retry_at        timestamptz,
+    retry_copy_confirmed boolean     NOT NULL DEFAULT false,
+    lease_until          timestamptz,
+    first_seen           timestamptz NOT NULL DEFAULT now(),
+    updated_at           timestamptz NOT NULL DEFAULT now(),
+    finished_at          timestamptz,
+    reason               text,
+    error_type           text,
+    error_message        text,
+    error_traceback      text,
+    error_fingerprint    text,
+    payload              bytea       NOT NULL,
+    headers              jsonb       NOT NULL DEFAULT '{}',
+    properties           jsonb       NOT NULL DEFAULT '{}',
+    exchange             text        NOT NULL DEFAULT '',
+    routing_key          text        NOT NULL DEFAULT '',
+    replays              integer     NOT NULL DEFAULT 0,
+    -- When the reconciler last re-published the row's snapshot. A row it re-drove is left
+    -- alone for a grace period, so that two reconcilers never publish the same message twice
+    -- and one reconciler does not flood a queue whose workers are down.
+    redriven_at          timestamptz,
+    redrives             integer     NOT NULL DEFAULT 0,
+    PRIMARY KEY (queue, message_id),
+    CONSTRAINT ledger_check CHECK (status <> 'retrying' OR next_retry_at IS NOT NULL),
+    CONSTRAINT ledger_check1 CHECK (status <> 'processing' OR lease_until IS NOT NULL)
+);
+
+-- Served scans: dead letters by queue and age, retries coming due, leases running out.
+CREATE INDEX ledger_dead_idx ON rabbitretry.ledger (queue, finished_at) WHERE status = 'dead';
+CREATE INDEX ledger_retry_due_idx ON rabbitretry.ledger (next_retry_at) WHERE status = 'retrying';
+CREATE INDEX ledger_lease_idx ON rabbitretry.ledger (lease_until) WHERE status = 'processing';
+-- Orphan check of an expected-vs-actual reconciliation: what succeeded in a time window.
+CREATE INDEX ledger_succeeded_idx ON rabbitretry.ledger (queue, finished_at)
+    WHERE status = 'succeeded';
+-- Listing and grouping by fingerprint scan only the rows an operator acts on.
+CREATE INDEX ledger_fingerprint_idx ON rabbitretry.ledger (error_fingerprint, finished_at)
+    WHERE status IN ('dead', 'retrying', 'ignored');
+
+-- Append-only: one row per attempt, written in the same transaction that counts it.
+CREATE TABLE rabbitretry.attempt (
+    queue           text        NOT NULL,
+    message_id      text        NOT NULL,
+    attempt         integer     NOT NULL CHECK (attempt >= 1),
+    started_at      timestamptz NOT NULL DEFAULT now(),
+    finished_at     timestamptz,
+    outcome         text CHECK (outcome IN
+                        ('succeeded', 'retry', 'dead', 'crashed', 'interrupted', 'skipped')),
+    error_type      text,
+    error_message   text,
+    error_traceback text,
+    retry_at        timestamptz,  -- when the next attempt was scheduled for (outcome retry)
+    worker          text        NOT NULL,
+    PRIMARY KEY (queue, message_id, attempt),
+    FOREIGN KEY (queue, message_id) REFERENCES rabbitretry.ledger (queue, message_id)
+        ON DELETE CASCADE
+);
+
+-- Claim a delivery before its handler runs: one round trip, one transaction.
+--
+-- verdict   meaning                                               the worker then
+-- claimed   attempt `attempt` is ours (lease set, attempt row)    runs the handler
+-- finished  the work is done (status says how)                    acks and drops the copy
+-- stale     an older copy whose successor is already parked       acks and drops the copy
+-- busy      another attempt holds a live lease                    parks the copy wait_seconds
+-- not-due   a retry that is not due yet                           parks the copy wait_seconds
+-- exhausted the last attempt died with its worker: now dead       publishes the dead letter
+CREATE FUNCTION rabbitretry.claim(
+    p_queue text, p_message_id text, p_max_attempts integer, p_lease_seconds double precision,
+    p_worker text, p_copy_attempts integer,
+    p_payload bytea, p_headers jsonb, p_properties jsonb, p_exchange text, p_routing_key text
+) RETURNS TABLE (verdict text, attempt integer, budget_attempt integer,
+                 wait_seconds double precision, status text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r rabbitretry.ledger%ROWTYPE;
+    lease timestamptz := now() + make_interval(secs => p_lease_seconds);
+BEGIN
+    INSERT INTO rabbitretry.ledger AS l (queue, message_id, status, attempts, max_attempts,
+                                         lease_until, payload, headers, properties, exchange,
+                                         routing_key)
+    VALUES (p_queue, p_message_id, 'processing', 1, p_max_attempts, lease, p_payload, p_headers,
+            p_properties, p_exchange, p_routing_key)
+    ON CONFLICT (queue, message_id) DO NOTHING;
+    IF FOUND THEN
+        INSERT INTO rabbitretry.attempt (queue, message_id, attempt, worker)
+        VALUES (p_queue, p_message_id, 1, p_worker);
+        RETURN QUERY SELECT 'claimed'::text, 1, 1, 0::float8, 'processing'::text;
+        RETURN;
+    END IF;
+
+    SELECT * INTO r FROM rabbitretry.ledger l
+    WHERE l.queue = p_queue AND l.message_id = p_message_id FOR UPDATE;
+
+    IF r.status IN ('succeeded', 'dead', 'skipped', 'ignored') THEN
+        RETURN QUERY SELECT 'finished'::text, r.attempts, r.attempts - r.attempts_forgiven,
+                            0::float8, r.status;
+        RETURN;
+    END IF;
+    IF r.status = 'processing' AND r.lease_until > now() THEN
+        RETURN QUERY SELECT 'busy'::text, r.attempts, r.attempts - r.attempts_forgiven,
+                            extract(epoch FROM r.lease_until - now())::float8, r.status;
+        RETURN;
+    END IF;
+    IF r.status = 'retrying' AND r.next_retry_at > now() THEN
+        RETURN QUERY SELECT
+            CASE WHEN p_copy_attempts < r.attempts AND r.retry_copy_confirmed
+                 THEN 'stale' ELSE 'not-due' END,
+            r.attempts, r.attempts - r.attempts_forgiven,
+            extract(epoch FROM r.next_retry_at - now())::float8, r.status;
+        RETURN;
+    END IF;
+
+    IF r.status = 'processing' THEN
+        -- The lease ran out: the worker that held it died (or stalled) inside the attempt.
+        UPDATE rabbitretry.attempt a
+        SET finished_at = now(), outcome = 'crashed', error_type = 'WorkerLost',
+            error_message = 'the worker stopped renewing its lease before the attempt finished'
+        WHERE a.queue = p_queue AND a.message_id = p_message_id AND a.attempt = r.attempts
+          AND a.outcome IS NULL;
+    END IF;
+
+    IF r.attempts - r.attempts_forgiven >= p_max_attempts THEN
+        UPDATE rabbitretry.ledger l
+        SET status = 'dead', finished_at = now(), updated_at = now(), lease_until = NULL,
+            next_retry_at = NULL, max_attempts = p_max_attempts,
+            reason = CASE WHEN r.status = 'processing' THEN 'crashed'
+                          ELSE 'attempts-exhausted' END,
+            error_type = CASE WHEN r.status = 'processing' THEN 'WorkerLost'
+                              ELSE l.error_type END,
+            error_message = CASE WHEN r.status = 'processing'
+                THEN 'the worker died during the last allowed attempt'
+                ELSE l.error_message END
+        WHERE l.queue = p_queue AND l.message_id = p_message_id;
+        RETURN QUERY SELECT 'exhausted'::text, r.attempts, r.attempts - r.attempts_forgiven,
+                            0::float8, 'dead'::text;
+        RETURN;
+    END IF;
+
+    UPDATE rabbitretry.ledger l
+    SET attempts = l.attempts + 1, status = 'processing', lease_until = lease,
+        next_retry_at = NULL, retry_copy_confirmed = false, max_attempts = p_max_attempts,
+        updated_at = now()
+    WHERE l.queue = p_queue AND l.message_id = p_message_id;
+    INSERT INTO rabbitretry.attempt (queue, message_id, attempt, worker)
+    VALUES (p_queue, p_message_id, r.attempts + 1, p_worker);
+    RETURN QUERY SELECT 'claimed'::text, r.attempts + 1, r.attempts + 1 - r.attempts_forgiven,
+                        0::float8, 'processing'::text;
+END;
+$$;
+
+
+-- Operator actions ---------------------------------------------------------------------------
+
+-- Who replayed, ignored or exported what, and when, with the operator's comment. Rows for
+-- whole operations (a group replay, an export) name no single message but say how many they
+-- touched; the per-message rows of an action on many messages name it (their batch), so the
+-- audit can show one row per operation (the batch's summary row, action `...-batch`) and still
+-- list each message on demand.
+CREATE TABLE rabbitretry.audit (
+    id          bigserial   PRIMARY KEY,
+    at          timestamptz NOT NULL DEFAULT now(),
+    actor       text        NOT NULL,
+    action      text        NOT NULL,
+    queue       text,
+    message_id  text,
+    detail      jsonb       NOT NULL DEFAULT '{}',
+    messages    integer     NOT NULL DEFAULT 1 CHECK (messages >= 0),
+    comment     text,
+    batch       text
+);
+CREATE INDEX audit_key_idx ON rabbitretry.audit (queue, message_id);
+CREATE INDEX audit_at_idx ON rabbitretry.audit (at DESC);
+CREATE INDEX audit_operations_idx ON rabbitretry.audit (at DESC, id DESC)
+    WHERE batch IS NULL OR action LIKE '%-batch';
+-- Undoing a batch finds its rows by batch.
+CREATE INDEX audit_batch_idx ON rabbitretry.audit (batch) WHERE batch IS NOT NULL;
+
+-- What an operator's filter matches, one definition for the CLI's lists, groups and exports and
+-- the console's pages: $2 statuses, $3 queue, $4 error type or reason, $5 fingerprint, $6 and
+-- $7 the time range of the last change, $8 text (in the key, the error type or the error
+-- message); a NULL does not narrow. A single expression, so the planner inlines it and still
+-- uses the ledger's indexes.
+CREATE FUNCTION rabbitretry.operator_filter(
+    l rabbitretry.ledger, statuses text[], queue text, error text, fingerprint text,
+    since timestamptz, until timestamptz, search text
+) RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT l.status = ANY(statuses)
+       AND (queue IS NULL OR l.queue = queue)
+       AND (error IS NULL OR l.error_type = error OR l.reason = error)
+       AND (fingerprint IS NULL OR l.error_fingerprint = fingerprint)
+       AND (since IS NULL OR coalesce(l.finished_at, l.updated_at) >= since)
+       AND (until IS NULL OR coalesce(l.finished_at, l.updated_at) <= until)
+       AND (search IS NULL OR strpos(lower(l.message_id), lower(search)) > 0
+            OR strpos(lower(coalesce(l.error_type, '')), lower(search)) > 0
+            OR strpos(lower(coalesce(l.error_message, '')), lower(search)) > 0)
+$$;
+
+
+-- The outbox ---------------------------------------------------------------------------------
+
+-- Messages written in the caller's transaction, relayed with publisher confirms, marked sent
+-- only after the broker confirmed them.
+CREATE TABLE rabbitretry.outbox (
+    id            bigserial   PRIMARY KEY,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    exchange      text        NOT NULL,
+    routing_key   text        NOT NULL,
+    message_id    text        NOT NULL,
+    ordering_key  text,
+    payload       bytea       NOT NULL,
+    headers       jsonb       NOT NULL DEFAULT '{}',
+    content_type  text        NOT NULL DEFAULT 'application/json',
+    status        text        NOT NULL DEFAULT 'pending'
+                              CHECK (status IN ('pending', 'sent', 'failed')),
+    tries         integer     NOT NULL DEFAULT 0,
+    next_try_at   timestamptz NOT NULL DEFAULT now(),
+    last_error    text,
+    sent_at       timestamptz
+);
+
+-- The relay's scan: pending rows coming due, oldest first.
+CREATE INDEX outbox_pending_idx ON rabbitretry.outbox (next_try_at, id) WHERE status = 'pending';
+-- Per-key ordering: is an older row of the same key still pending?
+CREATE INDEX outbox_ordering_idx ON rabbitretry.outbox (ordering_key, id)
+    WHERE status = 'pending' AND ordering_key IS NOT NULL;
+CREATE INDEX outbox_failed_idx ON rabbitretry.outbox (created_at) WHERE status = 'failed';
+
+
+-- Heartbeats, the reconciler and scheduled jobs ----------------------------------------------
+
+-- The latest run of each periodic component (the reconciler, scheduled jobs), one row per name.
+-- A component that stops running, or keeps failing, shows here: `rabbitretry status` and the
+-- alerts compare finished_at with expected_every.
+CREATE TABLE rabbitretry.heartbeat (
+    name            text        PRIMARY KEY,
+    instance        text        NOT NULL,           -- host:pid of the run
+    started_at      timestamptz NOT NULL,
+    finished_at     timestamptz,                    -- NULL while a run is in progress
+    ok              boolean,                        -- NULL while running; false: error is set
+    counts          jsonb       NOT NULL DEFAULT '{}',
+    error           text,
+    expected_every  double precision NOT NULL CHECK (expected_every > 0)  -- seconds between runs
+);
+
+-- Keys an expected-vs-actual reconciliation re-published because no delivery of them was ever
+-- seen; the row makes the re-publication happen once per grace period, whatever the number
+-- of reconcilers.
+CREATE TABLE rabbitretry.reconciler_republished (
+    queue           text        NOT NULL,
+    message_id      text        NOT NULL,
+    reconciliation  text        NOT NULL,
+    republished_at  timestamptz NOT NULL DEFAULT now(),
+    times           integer     NOT NULL DEFAULT 1,
+    PRIMARY KEY (queue, message_id)
+);
+
+-- Where a scheduled job got to: a job that crashed resumes from its last saved checkpoint.
+CREATE TABLE rabbitretry.job_checkpoint (
+    name        text        PRIMARY KEY,
+    checkpoint  jsonb       NOT NULL,
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
+
+
+-- Alerts -------------------------------------------------------------------------------------
+
+-- Stored before they are sent, so none is lost while the webhook is down.
+--
+-- status   meaning
+-- open     a dead-letter alert still collecting deaths of its fingerprint (its window is open)
+-- pending  waiting for (another) delivery try at next_try_at
+-- sent     the webhook accepted it
+CREATE TABLE rabbitretry.alert (
+    id             bigserial   PRIMARY KEY,
+    kind           text        NOT NULL CHECK (kind IN ('dead', 'heartbeat', 'backlog')),
+    group_key      text        NOT NULL,  -- error fingerprint, heartbeat name or queue
+    queue          text,
+    error_type     text,
+    error_message  text,
+    count          integer     NOT NULL DEFAULT 1 CHECK (count >= 1),
+    sample_keys    text[]      NOT NULL DEFAULT '{}',
+    first_seen     timestamptz NOT NULL DEFAULT now(),
+    last_seen      timestamptz NOT NULL DEFAULT now(),
+    detail         jsonb       NOT NULL DEFAULT '{}',
+    status         text        NOT NULL DEFAULT 'pending'
+                               CHECK (status IN ('open', 'pending', 'sent')),
+    tries          integer     NOT NULL DEFAULT 0,
+    next_try_at    timestamptz NOT NULL DEFAULT now(),
+    last_error     text,
+    sent_at        timestamptz
+);
+
+-- At most one open alert per group: deaths of the same fingerprint join it.
+CREATE UNIQUE INDEX alert_open_idx ON rabbitretry.alert (kind, group_key) WHERE status = 'open';
+-- The deliverer's scans: open alerts whose window closed, pending alerts coming due.
+CREATE INDEX alert_due_idx ON rabbitretry.alert (next_try_at) WHERE status = 'pending';
+CREATE INDEX alert_first_seen_idx ON rabbitretry.alert (first_seen) WHERE status = 'open';
+-- Repeat suppression for condition alerts (heartbeat, backlog), and the listing.
+CREATE INDEX alert_group_idx ON rabbitretry.alert (kind, group_key, first_seen);
+
+-- Every transition of a ledger row to `dead`, whichever statement makes it, joins the open
+-- alert of its fingerprint in the same transaction: no dead letter escapes alerting.
+CREATE FUNCTION rabbitretry.alert_on_dead() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' AND OLD.status = 'dead' THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO rabbitretry.alert AS a (kind, group_key, queue, error_type, error_message,
+                                        sample_keys, status, detail)
+    VALUES ('dead',
+            coalesce(NEW.error_fingerprint,
+                     NEW.queue || ':' || coalesce(NEW.reason, '') || ':'
+                     || coalesce(NEW.error_type, '')),
+            NEW.queue, coalesce(NEW.error_type, NEW.reason), left(NEW.error_message, 500),
+            ARRAY[NEW.message_id], 'open',
+            jsonb_build_object('reason', NEW.reason, 'fingerprint', NEW.error_fingerprint))
+    ON CONFLICT (kind, group_key) WHERE status = 'open' DO UPDATE
+    SET count = a.count + 1,
+        last_seen = now(),
+        error_message = excluded.error_message,
+        sample_keys = CASE WHEN cardinality(a.sample_keys) < 5
+                                AND NOT NEW.message_id = ANY (a.sample_keys)
+                           THEN a.sample_keys || NEW.message_id
+                           ELSE a.sample_keys END;
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER ledger_alert_on_dead
+    AFTER INSERT OR UPDATE OF status ON rabbitretry.ledger
+    FOR EACH ROW WHEN (NEW.status = 'dead')
+    EXECUTE FUNCTION rabbitretry.alert_on_dead();
+
+
+-- Third-party callbacks and state machines ---------------------------------------------------
+
+-- One receipt per callback (its kind and business message id), so that a gateway's retries
+-- store one outbox row.
+CREATE TABLE rabbitretry.callback_receipt (
+    kind         text        NOT NULL,
+    message_id   text        NOT NULL,
+    received_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (kind, message_id)
+);
+
+-- Every transition a state machine made (moved) or refused (not-allowed), with the message
+-- that asked for it.
+CREATE TABLE rabbitretry.state_transition (
+    id           bigserial   PRIMARY KEY,
+    at           timestamptz NOT NULL DEFAULT now(),
+    machine      text        NOT NULL,
+    record_key   text        NOT NULL,
+    from_state   text,
+    to_state     text        NOT NULL,
+    outcome      text        NOT NULL CHECK (outcome IN ('moved', 'not-allowed')),
+    message_id   text        NOT NULL
+);
+CREATE INDEX state_transition_record_idx
+    ON rabbitretry.state_transition (machine, record_key, id);
+
+
+-- The console --------------------------------------------------------------------------------
+
+-- The console's state, kept in the ledger's database so that a restarted console, or a second
+-- one beside it, sees the same: replays running in the background, and sessions logged out.
+CREATE TABLE rabbitretry.console_job (
+    id          text        PRIMARY KEY,
+    title       text        NOT NULL,
+    actor       text        NOT NULL,
+    report      jsonb       NOT NULL,  -- operations.ReplayReport, without the replayed keys
+    started_at  timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now(),  -- written every few seconds while it runs
+    done        boolean     NOT NULL DEFAULT false,
+    error       text
+);
+CREATE INDEX console_job_started_idx ON rabbitretry.console_job (started_at DESC);
+
+-- A session cookie stays valid until it expires unless its nonce is here (a logout).
+CREATE TABLE rabbitretry.console_revoked (
+    nonce       text        PRIMARY KEY,
+    expires_at  timestamptz NOT NULL
+);
+
+-- Whether a row of a console list comes after the cursor (the last row of the page before) in
+-- the list's order: its sort value (one of time, number, text is set) and its two-column tie,
+-- compared with the cursor's; no cursor (a NULL tie), every row does.
+CREATE FUNCTION rabbitretry.console_after(
+    sort_time timestamptz, sort_number bigint, sort_text text, tie_1 text, tie_2 text,
+    descending boolean,
+    cursor_time timestamptz, cursor_number bigint, cursor_text text, cursor_1 text,
+    cursor_2 text
+) RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT cursor_1 IS NULL OR CASE WHEN descending
+        THEN (coalesce(sort_time, '-infinity'), coalesce(sort_number, 0),
+              coalesce(sort_text, ''), tie_1, tie_2)
+           < (coalesce(cursor_time, '-infinity'), coalesce(cursor_number, 0),
+              coalesce(cursor_text, ''), cursor_1, cursor_2)
+        ELSE (coalesce(sort_time, '-infinity'), coalesce(sort_number, 0),
+              coalesce(sort_text, ''), tie_1, tie_2)
+           > (coalesce(cursor_time, '-infinity'), coalesce(cursor_number, 0),
+              coalesce(cursor_text, ''), cursor_1, cursor_2) END
+$$;
+
+
+-- Migrations ---------------------------------------------------------------------------------
+
+-- The migrations applied (rabbitretry.db.migrate writes a row per migration); these rows say
+-- that this schema stands for migrations 0001 to 0008.
+CREATE TABLE rabbitretry.schema_migration (
+    version     integer     PRIMARY KEY,
+    name        text        NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO rabbitretry.schema_migration (version, name) VALUES
+    (1, 'ledger'),
+    (2, 'outbox'),
+    (3, 'heartbeat'),
+    (4, 'reconciler'),
+    (5, 'operations'),
+    (6, 'alerts'),
+    (7, 'callbacks'),
+    (8, 'console');
