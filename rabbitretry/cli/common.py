@@ -21,8 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from rabbitretry import db, logs, urls
-from rabbitretry.consumer import Consumer
-from rabbitretry.delivery.worker import topology_of
+from rabbitretry.consumer import Consumer, topology_of
 from rabbitretry.errors import ConfigurationError, RabbitRetryError
 from rabbitretry.operations import OperationError
 from rabbitretry.settings import AMQP_URL_VARIABLE, DATABASE_URL_VARIABLE, Settings

@@ -16,6 +16,8 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from rabbitretry.errors import ConnectionLost
+
 log = logging.getLogger("rabbitretry.worker")
 
 FIRST_PAUSE = 0.5  # seconds before the first probe
@@ -87,3 +89,13 @@ class OutageGate:
             log.warning("the %s is reachable again; deliveries resume", self.service)
             self._open.set()
             return
+
+
+def broker_probe(is_up: Callable[[], bool]) -> Callable[[], Awaitable[None]]:
+    """A probe that fails while the publishing connection is down (``is_up`` says)."""
+
+    async def probe() -> None:
+        if not is_up():
+            raise ConnectionLost("the publishing connection to RabbitMQ is not back yet")
+
+    return probe

@@ -23,27 +23,18 @@ from typing import Any
 
 from rabbitretry import amqp, db, urls
 from rabbitretry.amqp import ConfirmingPublisher, IncomingMessage
-from rabbitretry.consumer import Consumer
-from rabbitretry.delivery.outage import OutageGate
+from rabbitretry.consumer import Consumer, topology_of
+from rabbitretry.delivery.outage import OutageGate, broker_probe
 from rabbitretry.delivery.outcome import Outcome
-from rabbitretry.delivery.pipeline import Pipeline, broker_probe
+from rabbitretry.delivery.pipeline import Pipeline
 from rabbitretry.errors import ConfigurationError
 from rabbitretry.ledger import AttemptLedger
-from rabbitretry.topology import Exchange, Topology, declare, verify
+from rabbitretry.topology import declare, verify
 
 log = logging.getLogger("rabbitretry.worker")
 
 BROKER_SHUTDOWN_TIMEOUT = 5.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-def topology_of(consumers: Sequence[type[Consumer[Any]]]) -> Topology:
-    """The topology these consumers need, derived from their class attributes."""
-    exchanges = dict.fromkeys(b.exchange for c in consumers for b in c.bindings)
-    return Topology(
-        exchanges=[Exchange(name=name) for name in exchanges],
-        queues=[consumer.work_queue() for consumer in consumers],
-    )
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """The ledger writes an operator's actions make: ignore, unignore, replay marks, payload edits.
 
-Each runs one named statement (``sql/operator.sql``; ``mark_replayed`` in ``sql/queries.sql``)
-on the caller's connection: the operation holds the transaction, so its lock, its audit row and
-its publish commit or roll back with the write. The statements of an action on many messages
+Each runs one named statement of ``sql/operator.sql`` on the caller's connection: the operation
+holds the transaction, so its lock, its audit row and its publish commit or roll back with the
+write. The statements of an action on many messages
 write each message's audit row themselves, so the audit never disagrees with the ledger.
 """
 

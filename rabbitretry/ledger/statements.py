@@ -1,4 +1,4 @@
-"""Ledger statements: typed calls over the named statements in ``sql/queries.sql``.
+"""Ledger statements: typed calls over the named statements in ``sql/statements.sql``.
 
 Every state change of a message goes through here, and each is one statement (one commit),
 so the ledger is never half-written.

@@ -1,4 +1,4 @@
--- Alerts (see rabbitretry/alerts.py and migrations/0006_alerts.sql).
+-- Alerts (see rabbitretry/monitoring/alerts.py and migrations/0006_alerts.sql).
 
 -- name: alerts_take
 -- Alerts due for a delivery try: open dead-letter alerts whose window ($1 seconds) has closed,

@@ -1,4 +1,4 @@
--- Heartbeats of periodic components (see rabbitretry/heartbeat.py).
+-- Heartbeats of periodic components (see rabbitretry/monitoring/heartbeat.py).
 
 -- name: heartbeat_started
 INSERT INTO rabbitretry.heartbeat (name, instance, started_at, expected_every)

@@ -72,3 +72,19 @@ WHERE rabbitretry.operator_filter(ledger, $1::text[], $2::text, $3::text, $4::te
                                  $5::timestamptz, $6::timestamptz, $7::text)
 ORDER BY coalesce(finished_at, updated_at), queue, message_id
 LIMIT $8;
+
+-- name: find_entries
+-- All ledger rows with this message_id, in any queue.
+SELECT * FROM rabbitretry.ledger WHERE message_id = $1 ORDER BY queue;
+
+-- name: list_attempts
+SELECT * FROM rabbitretry.attempt WHERE queue = $1 AND message_id = $2 ORDER BY attempt;
+
+-- name: list_audit
+SELECT * FROM rabbitretry.audit WHERE queue = $1 AND message_id = $2 ORDER BY at, id;
+
+-- name: lock_dead
+-- One dead letter, locked for a replay: a second replay waits, then finds it no longer dead.
+SELECT * FROM rabbitretry.ledger
+WHERE queue = $1 AND message_id = $2 AND status = 'dead'
+FOR UPDATE;

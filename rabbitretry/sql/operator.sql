@@ -1,6 +1,5 @@
 -- The ledger writes an operator's actions make (see rabbitretry/ledger/operator.py): ignore,
--- undo an ignore, replace a payload before a replay. A replay's own mark, mark_replayed, is in
--- queries.sql. An action on many messages writes each message's audit row in the same
+-- undo an ignore, replace a payload before a replay, mark a replay. An action on many messages writes each message's audit row in the same
 -- statement, so the audit can never disagree with the ledger.
 
 -- name: operations_ignore
@@ -56,3 +55,11 @@ WITH undone AS (
 INSERT INTO rabbitretry.audit (actor, action, queue, message_id, detail, messages, comment, batch)
 SELECT $2, 'unignore', queue, message_id, jsonb_build_object('undoes', $1::text), 1, $3, $4
 FROM undone;
+
+-- name: mark_replayed
+-- Gives a dead letter a fresh attempt budget; its copy is already confirmed on the work queue.
+UPDATE rabbitretry.ledger
+SET status = 'retrying', next_retry_at = now(), retry_copy_confirmed = true,
+    attempts_forgiven = attempts, replays = replays + 1, finished_at = NULL, reason = NULL,
+    updated_at = now()
+WHERE queue = $1 AND message_id = $2 AND status = 'dead';

@@ -27,19 +27,23 @@ CLI = [sys.executable, "-c", "from rabbitretry.cli import main; main()"]
 class WorkerProcess:
     """``rabbitretry run`` in a child process, one per call to :meth:`start`."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], log: Path) -> None:
         self.env = env
+        self.log = log  # every start's stderr, for a failing test to show
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
     def start(self, *extra: str) -> None:
-        self.proc = subprocess.Popen(
-            [*CLI, "run", "tests.integration.crash_consumers:Crashy", "--declare", *extra],
-            cwd=ROOT,
-            env=self.env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+        # A file rather than a pipe: nobody reads a pipe here, and a full one would block the
+        # worker. The child keeps its own copy of the descriptor once ours is closed.
+        with self.log.open("ab") as stderr:
+            self.proc = subprocess.Popen(
+                [*CLI, "run", "tests.integration.crash_consumers:Crashy", "--declare", *extra],
+                cwd=ROOT,
+                env=self.env,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
         self.starts += 1
 
     def kill(self) -> None:
@@ -74,9 +78,9 @@ def worker_env(amqp_url: str, database_url: str, queue_name: str, events: Path) 
 
 @pytest.fixture
 async def worker(
-    worker_env: dict[str, str], queue_name: str, broker_cleanup: BrokerCleanup
+    worker_env: dict[str, str], queue_name: str, broker_cleanup: BrokerCleanup, tmp_path: Path
 ) -> AsyncIterator[WorkerProcess]:
-    process = WorkerProcess(worker_env)
+    process = WorkerProcess(worker_env, tmp_path / "worker.stderr")
     yield process
     process.kill()
     # The worker ran Crashy on this test's queue (RR_TEST_QUEUE): delete what it declared.

@@ -1,4 +1,5 @@
--- Service levels and metrics read from the ledger (see rabbitretry/cli/status.py, metrics.py).
+-- Service levels and metrics read from the ledger (see rabbitretry/monitoring/levels.py,
+-- metrics.py and rabbitretry/cli/status.py).
 
 -- name: status_queues
 -- Every queue the ledger knows, one index probe per queue (a loose index scan).

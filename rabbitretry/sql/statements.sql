@@ -1,5 +1,6 @@
--- Every statement rabbitretry runs against the ledger, loaded by name (see rabbitretry/db.py).
--- Parameters are positional ($1, $2, ...); each block starts with a "-- name:" line.
+-- The statements of one delivery's attempts and the ledger's reads (see
+-- rabbitretry/ledger/statements.py), loaded by name (rabbitretry/db.py). Parameters are
+-- positional ($1, $2, ...); each block starts with a "-- name:" line.
 
 -- name: claim
 SELECT verdict, attempt, budget_attempt, wait_seconds, status
@@ -113,87 +114,7 @@ RETURNING 1;
 -- name: get_entry
 SELECT * FROM rabbitretry.ledger WHERE queue = $1 AND message_id = $2;
 
--- name: find_entries
--- All ledger rows with this message_id, in any queue.
-SELECT * FROM rabbitretry.ledger WHERE message_id = $1 ORDER BY queue;
-
--- name: list_attempts
-SELECT * FROM rabbitretry.attempt WHERE queue = $1 AND message_id = $2 ORDER BY attempt;
-
--- name: list_audit
-SELECT * FROM rabbitretry.audit WHERE queue = $1 AND message_id = $2 ORDER BY at, id;
-
--- name: lock_dead
--- One dead letter, locked for a replay: a second replay waits, then finds it no longer dead.
-SELECT * FROM rabbitretry.ledger
-WHERE queue = $1 AND message_id = $2 AND status = 'dead'
-FOR UPDATE;
-
--- name: mark_replayed
--- Gives a dead letter a fresh attempt budget; its copy is already confirmed on the work queue.
-UPDATE rabbitretry.ledger
-SET status = 'retrying', next_retry_at = now(), retry_copy_confirmed = true,
-    attempts_forgiven = attempts, replays = replays + 1, finished_at = NULL, reason = NULL,
-    updated_at = now()
-WHERE queue = $1 AND message_id = $2 AND status = 'dead';
-
 -- name: ledger_stats
 SELECT queue, status, count(*) AS messages, sum(attempts) AS attempts,
        min(first_seen) AS oldest
 FROM rabbitretry.ledger GROUP BY queue, status ORDER BY queue, status;
-
--- name: outbox_enqueue
-INSERT INTO rabbitretry.outbox (exchange, routing_key, message_id, ordering_key, payload,
-                                headers, content_type)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
-RETURNING id;
-
--- name: outbox_notify
-SELECT pg_notify('rabbitretry_outbox', '');
-
--- name: outbox_take
--- Pending rows that are due, locked for this relay; a row waits while an older row with the
--- same ordering key is still pending, so messages of one key leave in order.
-SELECT id, exchange, routing_key, message_id, payload, headers, content_type, tries
-FROM rabbitretry.outbox o
-WHERE o.status = 'pending' AND o.next_try_at <= now()
-  AND (o.ordering_key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM rabbitretry.outbox older
-        WHERE older.ordering_key = o.ordering_key AND older.status = 'pending'
-          AND older.id < o.id))
-ORDER BY o.next_try_at, o.id
-LIMIT $1
-FOR UPDATE SKIP LOCKED;
-
--- name: outbox_sent
-UPDATE rabbitretry.outbox SET status = 'sent', sent_at = now(), tries = tries + 1,
-                              last_error = NULL
-WHERE id = ANY($1::bigint[]);
-
--- name: outbox_failed_try
--- A try failed: back off, or give up after $3 tries (status failed, kept for people to see).
-UPDATE rabbitretry.outbox
-SET tries = tries + 1, last_error = $2,
-    status = CASE WHEN tries + 1 >= $3 THEN 'failed' ELSE 'pending' END,
-    next_try_at = now() + make_interval(secs => $4)
-WHERE id = $1;
-
--- name: outbox_unpublishable
--- The row's message cannot be encoded as AMQP ($2 says why): failed at once, as no try can
--- succeed. A failed row no longer holds back later rows of its ordering key.
-UPDATE rabbitretry.outbox SET status = 'failed', tries = tries + 1, last_error = $2
-WHERE id = $1;
-
--- name: outbox_stats
-SELECT status, count(*) AS messages, min(created_at) AS oldest, max(tries) AS most_tries
-FROM rabbitretry.outbox GROUP BY status ORDER BY status;
-
--- name: outbox_list_failed
-SELECT id, created_at, exchange, routing_key, message_id, tries, last_error
-FROM rabbitretry.outbox WHERE status = 'failed' ORDER BY created_at DESC LIMIT $1;
-
--- name: outbox_retry_failed
--- Give failed rows another full set of tries (optionally one row).
-UPDATE rabbitretry.outbox SET status = 'pending', tries = 0, next_try_at = now()
-WHERE status = 'failed' AND ($1::bigint IS NULL OR id = $1)
-RETURNING id;

@@ -1,4 +1,4 @@
--- Scheduled jobs (see rabbitretry/jobs.py): overlap lock and checkpoint.
+-- Scheduled jobs (see rabbitretry/scheduled_jobs.py): overlap lock and checkpoint.
 
 -- name: job_try_lock
 -- A session-level advisory lock per job name: held while the job runs, released on unlock or

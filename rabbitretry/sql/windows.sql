@@ -1,21 +1,6 @@
--- The reconciler's reads and its own bookkeeping (see rabbitretry/reconcile/): the scan of
--- stuck outbox rows and the expected-vs-actual checks. Its ledger writes (re-drive marks,
--- expiry, broker dead letters) are in repairs.sql.
-
--- name: reconcile_stuck_outbox
--- Outbox rows still pending $1 seconds after they were due (no relay is running, or it
--- stalled), in per-key order like outbox_take; at most $2, locked until the caller commits.
--- Served by outbox_pending_idx (status = 'pending', next_try_at, id).
-SELECT id, exchange, routing_key, message_id, payload, headers, content_type, tries
-FROM rabbitretry.outbox o
-WHERE o.status = 'pending' AND o.next_try_at < now() - make_interval(secs => $1)
-  AND (o.ordering_key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM rabbitretry.outbox older
-        WHERE older.ordering_key = o.ordering_key AND older.status = 'pending'
-          AND older.id < o.id))
-ORDER BY o.next_try_at, o.id
-LIMIT $2
-FOR UPDATE SKIP LOCKED;
+-- Expected-vs-actual checks of the reconciler (see rabbitretry/reconcile/windows.py): which
+-- expected keys the ledger knows, orphans, and the claims that keep two reconcilers from
+-- republishing one missing key. Its ledger writes are in repairs.sql.
 
 -- name: reconcile_key_statuses
 -- The ledger status of each of the keys $2 in queue $1 (keys never seen have no row).

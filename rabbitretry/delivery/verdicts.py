@@ -1,0 +1,188 @@
+"""Recording what a delivery came to: the ledger first, then the copy that follows from it.
+
+An attempt's verdict (succeeded, skipped, dead, retrying) is written against the claimed
+attempt; a write that matches no row means the claim was lost, and the ledger says whether
+another attempt owns the work. A *rejection* is dead at once, without an attempt (no
+``message_id``, too large, unpublishable, content the ledger refuses); a copy of a message
+already rejected is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from rabbitretry import db
+from rabbitretry.delivery.attempt import AttemptResult
+from rabbitretry.delivery.copies import Copies
+from rabbitretry.delivery.log_fields import LogFields
+from rabbitretry.delivery.outcome import Outcome
+from rabbitretry.delivery.transaction import AttemptTransaction
+from rabbitretry.ledger import AttemptLedger, Claim, Key, Snapshot
+from rabbitretry.ledger.failures import Failure, message_of, rejection
+from rabbitretry.message.storable import storable_text
+from rabbitretry.retry import RetryPolicy
+
+log = logging.getLogger("rabbitretry.worker")
+
+UNSTORABLE_PREFIX = "unstorable-id:"  # the key of a message whose own id the ledger refuses
+
+
+class Verdicts:
+    """Writes the verdicts of one queue's deliveries to the ledger, and publishes what follows."""
+
+    def __init__(
+        self,
+        ledger: AttemptLedger,
+        queue: str,
+        policy: RetryPolicy,
+        copies: Copies,
+        fields: LogFields,
+    ) -> None:
+        self.ledger = ledger
+        self.queue = queue
+        self.policy = policy
+        self.copies = copies
+        self._fields = fields
+
+    async def record(
+        self, key: Key, claim: Claim, snapshot: Snapshot, result: AttemptResult
+    ) -> Outcome:
+        """Write the attempt's decision to the ledger, then publish what follows from it."""
+        if result.outcome == "succeeded":
+            return await self._succeeded(key, claim, result)
+        if result.outcome == "skipped":
+            log.info(
+                "%s: skipped (%s), the handler is not called",
+                key,
+                result.reason,
+                extra=self._fields(
+                    key, attempt=claim.attempt, outcome="skipped", reason=result.reason
+                ),
+            )
+            if not await self.ledger.finish(
+                key, claim.attempt, "skipped", reason=result.reason or ""
+            ):
+                return await self._missed(key, claim.attempt, "skip mark")
+            return Outcome(key, "skipped", claim.attempt)
+        assert result.failure is not None
+        if result.outcome == "dead":
+            reason = result.reason or ""
+            if not await self.ledger.finish(
+                key, claim.attempt, "dead", reason=reason, failure=result.failure
+            ):
+                return await self._missed(key, claim.attempt, "dead mark")
+            log.error(
+                "%s: dead (%s) after attempt %d: %s: %s",
+                key,
+                result.reason,
+                claim.attempt,
+                result.failure.type,
+                result.failure.message,
+                extra=self._fields(key, attempt=claim.attempt, outcome="dead", reason=reason),
+            )
+            await self.copies.publish_dead(key, snapshot, reason, result.failure, claim.attempt)
+            return Outcome(key, "dead", claim.attempt)
+        return await self._retrying(key, claim, snapshot, result.delay or 0.0, result.failure)
+
+    async def _succeeded(self, key: Key, claim: Claim, result: AttemptResult) -> Outcome:
+        transaction = result.transaction
+        if not (isinstance(transaction, AttemptTransaction) and transaction.open):
+            transaction = None  # the handler used no transaction: a grouped success mark
+        in_transaction = transaction is not None
+        committed = await self.ledger.succeed(key, claim.attempt, transaction)
+        if not committed:
+            what = (
+                "success mark (its transaction rolled back)" if in_transaction else "success mark"
+            )
+            return await self._missed(key, claim.attempt, what)
+        return Outcome(key, "succeeded", claim.attempt)
+
+    async def _retrying(
+        self, key: Key, claim: Claim, snapshot: Snapshot, delay: float, failure: Failure
+    ) -> Outcome:
+        wait = await self.ledger.schedule_retry(key, claim.attempt, delay, failure)
+        if wait is None:
+            return await self._missed(key, claim.attempt, "retry mark")
+        log.warning(
+            "%s: attempt %d failed (%s: %s), retry in %.1f s",
+            key,
+            claim.attempt,
+            failure.type,
+            failure.message,
+            wait,
+            extra=self._fields(key, attempt=claim.attempt, outcome="retrying"),
+        )
+        refused = await self.copies.publish_delayed(key, snapshot, wait, claim.attempt)
+        if refused is not None:
+            return await self.reject(key, "unpublishable", refused, snapshot)
+        await self.ledger.confirm_retry_copy(key, claim.attempt)
+        return Outcome(key, "retrying", claim.attempt)
+
+    async def _missed(self, key: Key, attempt: int, what: str) -> Outcome:
+        """A final write matched no row: ack only if the ledger says another owns the work.
+
+        The row may have moved on (finished, or a later attempt took over after our lease ran
+        out), or our claim may have been lost with a database crash: then only a requeue
+        keeps the message.
+        """
+        if await self.ledger.owned_elsewhere(key, attempt):
+            log.warning(
+                "%s: the %s of attempt %d matched no row: another attempt owns the work now",
+                key,
+                what,
+                attempt,
+                extra=self._fields(key, attempt=attempt, outcome="dropped"),
+            )
+            return Outcome(key, "dropped", attempt)
+        log.warning(
+            "%s: the %s of attempt %d matched no row and nothing else owns the work "
+            "(a claim lost with the database?); requeued",
+            key,
+            what,
+            attempt,
+            extra=self._fields(key, attempt=attempt, outcome="requeued"),
+        )
+        return Outcome(key, "requeued", attempt)
+
+    async def reject(self, key: Key, reason: str, detail: str, snapshot: Snapshot) -> Outcome:
+        """Dead at once, without an attempt: recorded, and its copy put on ``Q.dead``."""
+        failure = rejection(self.queue, reason, detail)
+        try:
+            stored = await self.ledger.record_rejected(
+                key,
+                max_attempts=self.policy.max_attempts,
+                reason=reason,
+                failure=failure,
+                snapshot=snapshot,
+            )
+        except Exception as error:
+            if not db.is_content_error(error) or key.message_id.startswith(UNSTORABLE_PREFIX):
+                raise
+            return await self.unstorable(key, snapshot, error)
+        if not stored:
+            # A copy of a message the ledger already holds (its first copy was refused too).
+            log.debug(
+                "%s: copy refused (%s) again; the ledger already has the message",
+                storable_text(str(key)),
+                reason,
+                extra=self._fields(key, reason=reason),
+            )
+            return Outcome(key, "dropped")  # counted once, when it died
+        log.error(
+            "%s: dead (%s): %s",
+            storable_text(str(key)),
+            reason,
+            detail,
+            extra=self._fields(key, outcome="dead", reason=reason),
+        )
+        await self.copies.publish_dead(key, snapshot, reason, failure, 0)
+        return Outcome(key, "dead")
+
+    async def unstorable(self, key: Key, snapshot: Snapshot, error: Exception) -> Outcome:
+        """The ledger refused this message's data: dead at once, under a key it accepts."""
+        stored_key = Key(self.queue, UNSTORABLE_PREFIX + storable_text(key.message_id))
+        detail = (
+            f"the ledger cannot store this message ({type(error).__name__}: "
+            f"{message_of(error)}); it is kept under the escaped key {stored_key.message_id!r}"
+        )
+        return await self.reject(stored_key, "unstorable", detail, snapshot)

@@ -1,0 +1,58 @@
+-- The outbox (see rabbitretry/outbox.py and migrations/0002_outbox.sql): enqueue in the
+-- caller's transaction, take a batch to relay, mark it sent or failed; `rabbitretry outbox`.
+
+-- name: outbox_enqueue
+INSERT INTO rabbitretry.outbox (exchange, routing_key, message_id, ordering_key, payload,
+                                headers, content_type)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+RETURNING id;
+
+-- name: outbox_notify
+SELECT pg_notify('rabbitretry_outbox', '');
+
+-- name: outbox_take
+-- Pending rows that are due, locked for this relay; a row waits while an older row with the
+-- same ordering key is still pending, so messages of one key leave in order.
+SELECT id, exchange, routing_key, message_id, payload, headers, content_type, tries
+FROM rabbitretry.outbox o
+WHERE o.status = 'pending' AND o.next_try_at <= now()
+  AND (o.ordering_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM rabbitretry.outbox older
+        WHERE older.ordering_key = o.ordering_key AND older.status = 'pending'
+          AND older.id < o.id))
+ORDER BY o.next_try_at, o.id
+LIMIT $1
+FOR UPDATE SKIP LOCKED;
+
+-- name: outbox_sent
+UPDATE rabbitretry.outbox SET status = 'sent', sent_at = now(), tries = tries + 1,
+                              last_error = NULL
+WHERE id = ANY($1::bigint[]);
+
+-- name: outbox_failed_try
+-- A try failed: back off, or give up after $3 tries (status failed, kept for people to see).
+UPDATE rabbitretry.outbox
+SET tries = tries + 1, last_error = $2,
+    status = CASE WHEN tries + 1 >= $3 THEN 'failed' ELSE 'pending' END,
+    next_try_at = now() + make_interval(secs => $4)
+WHERE id = $1;
+
+-- name: outbox_unpublishable
+-- The row's message cannot be encoded as AMQP ($2 says why): failed at once, as no try can
+-- succeed. A failed row no longer holds back later rows of its ordering key.
+UPDATE rabbitretry.outbox SET status = 'failed', tries = tries + 1, last_error = $2
+WHERE id = $1;
+
+-- name: outbox_stats
+SELECT status, count(*) AS messages, min(created_at) AS oldest, max(tries) AS most_tries
+FROM rabbitretry.outbox GROUP BY status ORDER BY status;
+
+-- name: outbox_list_failed
+SELECT id, created_at, exchange, routing_key, message_id, tries, last_error
+FROM rabbitretry.outbox WHERE status = 'failed' ORDER BY created_at DESC LIMIT $1;
+
+-- name: outbox_retry_failed
+-- Give failed rows another full set of tries (optionally one row).
+UPDATE rabbitretry.outbox SET status = 'pending', tries = 0, next_try_at = now()
+WHERE status = 'failed' AND ($1::bigint IS NULL OR id = $1)
+RETURNING id;
