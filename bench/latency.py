@@ -20,7 +20,7 @@ from typing import Any
 import aio_pika
 
 from bench.services import AMQP_URL, body, delete_queues, random_name
-from rabbitretry.delivery.worker import topology_of
+from rabbitretry import topology_of
 
 STARTUP_TIMEOUT = 60.0
 

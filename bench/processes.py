@@ -27,8 +27,7 @@ from bench.latency import start_worker
 from bench.report import processes_table
 from bench.services import AMQP_URL, delete_queues, prefill, random_name, scratch_database
 from bench.throughput import _bodies, noop_consumer
-from rabbitretry import amqp
-from rabbitretry.delivery.worker import topology_of
+from rabbitretry import amqp, topology_of
 from rabbitretry.topology import declare
 
 CONCURRENCY = 8

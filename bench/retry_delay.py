@@ -21,7 +21,7 @@ import asyncpg
 from bench.latency import report_of, worker_process
 from bench.services import AMQP_URL, body, delete_queues, random_name, wait_until
 from bench.throughput import noop_consumer
-from rabbitretry.delivery.worker import topology_of
+from rabbitretry import topology_of
 
 MIN_DELAY = 0.1
 SEED = 6

@@ -31,9 +31,8 @@ from bench.services import (
     random_name,
     wait_until,
 )
-from rabbitretry import amqp
+from rabbitretry import Worker, amqp, topology_of
 from rabbitretry.consumer import Consumer, Context
-from rabbitretry.delivery.worker import Worker, topology_of
 from rabbitretry.topology import declare
 
 TIMEOUT = 600.0

@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from rabbitretry import Consumer, amqp
-from rabbitretry.delivery.worker import topology_of
+from rabbitretry import Consumer, amqp, topology_of
 from tests.integration.conftest import BrokerCleanup
 
 __all__ = ["CLI", "ROOT", "Run", "broker_cleanup_fixture", "cleanup_fixture", "rabbitretry_fixture"]

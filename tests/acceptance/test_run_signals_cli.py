@@ -13,7 +13,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from rabbitretry.delivery.worker import topology_of
+from rabbitretry import topology_of
 from tests.acceptance.cli import CLI, ROOT
 from tests.acceptance.cli_runner import broker_cleanup_fixture  # noqa: F401 (fixture)
 from tests.acceptance.slow import Slow

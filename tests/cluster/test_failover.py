@@ -16,8 +16,7 @@ from pydantic import BaseModel
 
 from drills import nodes
 from drills.nodes import Node
-from rabbitretry import Consumer, Context, Retry, RetryPolicy, amqp
-from rabbitretry.delivery.worker import topology_of
+from rabbitretry import Consumer, Context, Retry, RetryPolicy, amqp, topology_of
 from rabbitretry.errors import ConnectionLost
 from rabbitretry.outbox import Outbox, OutboxRelay
 from rabbitretry.publisher import Publisher

@@ -43,8 +43,7 @@ import asyncpg
 import pika  # type: ignore[import-untyped]
 from hypothesis import assume, event
 
-from rabbitretry import Consumer
-from rabbitretry.delivery.worker import Worker, topology_of
+from rabbitretry import Consumer, Worker, topology_of
 from tests.generated.strategies import TOKEN, Case, aio_pika_message, pika_properties
 from tests.integration.conftest import BrokerCleanup
 

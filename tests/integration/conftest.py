@@ -8,8 +8,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from rabbitretry import Consumer, amqp
-from rabbitretry.delivery.worker import topology_of
+from rabbitretry import Consumer, amqp, topology_of
 from rabbitretry.topology import Topology
 from tests.proxy import Proxy
 

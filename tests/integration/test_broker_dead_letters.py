@@ -18,8 +18,7 @@ import asyncpg
 import pytest
 from pydantic import BaseModel
 
-from rabbitretry import Consumer, Context, Permanent, RetryPolicy, amqp, ledger
-from rabbitretry.delivery.worker import topology_of
+from rabbitretry import Consumer, Context, Permanent, RetryPolicy, amqp, ledger, topology_of
 from rabbitretry.ledger import MISSING_ID_PREFIX as MISSING_ID
 from rabbitretry.ledger.failures import describe
 from rabbitretry.message import headers

@@ -13,9 +13,8 @@ import asyncpg
 import pytest
 
 from examples import shop
-from rabbitretry import Consumer, Topology, UnroutableError, WorkQueue
+from rabbitretry import Consumer, Topology, UnroutableError, WorkQueue, topology_of
 from rabbitretry.amqp import ConfirmingPublisher, Connection, connect
-from rabbitretry.delivery.worker import topology_of
 from rabbitretry.outbox import Outbox, OutboxRelay
 from rabbitretry.publisher import Publisher
 from rabbitretry.topology import Binding, Exchange, declare

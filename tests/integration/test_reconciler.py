@@ -25,9 +25,18 @@ import asyncpg
 import pytest
 from pydantic import BaseModel
 
-from rabbitretry import Consumer, Context, Outbox, Permanent, RetryPolicy, Topology, amqp, ledger
+from rabbitretry import (
+    Consumer,
+    Context,
+    Outbox,
+    Permanent,
+    RetryPolicy,
+    Topology,
+    amqp,
+    ledger,
+    topology_of,
+)
 from rabbitretry.db import query
-from rabbitretry.delivery.worker import topology_of
 from rabbitretry.errors import ServiceUnavailable
 from rabbitretry.ledger.failures import describe
 from rabbitretry.monitoring import heartbeat
