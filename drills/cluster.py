@@ -33,8 +33,8 @@ from drills.consumer import QUEUE_TYPE_ENV, STARTS_ENV
 from drills.drill import CONSUMER, RECONCILE_EVERY, RECONCILE_GRACE, ROOT, DrillResult
 from drills.nodes import Node
 from drills.plan import Fault, Message, make_plan
-from drills.publisher import Enqueue
 from drills.scratch import Keep, drill_queue, scratch_database
+from drills.sending import Enqueue
 from drills.settle import publish_and_settle
 from drills.supervisor import Supervisor
 from rabbitretry import db

@@ -9,7 +9,7 @@ post-mortem.
 
 This module wires the single-broker drill together; the pieces it shares with the cluster drill
 live beside it: :mod:`drills.scratch` (what a drill creates), :mod:`drills.settle` (publish,
-strike, settle, verify) and :mod:`drills.publisher`.
+strike, settle, verify) and :mod:`drills.sending`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import asyncpg
 
 from drills.clock import Clock
 from drills.plan import Fault, Plan
-from drills.publisher import Enqueue, publish
+from drills.sending import Enqueue, publish
 from drills.verify import Verdict, read_handler_starts, unfinished, verify
 
 

@@ -26,7 +26,7 @@ from rabbitretry.amqp.connection import (
     node_url,
 )
 from rabbitretry.amqp.probe import ProbeOutcome, Prober
-from rabbitretry.amqp.properties import message_properties, restore_properties
+from rabbitretry.amqp.properties import message_properties
 
 # A foreign message the client cannot decode would close the connection, again on every
 # redelivery: decode what can be decoded leniently (rabbitretry/amqp/lenient_frames.py).
@@ -46,5 +46,4 @@ __all__ = [
     "is_up",
     "message_properties",
     "node_url",
-    "restore_properties",
 ]

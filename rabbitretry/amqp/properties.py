@@ -1,14 +1,11 @@
-"""What a republished copy's AMQP properties are made of: the ones taken from a delivered
-message into the ledger snapshot, and those same ones rebuilt from the snapshot."""
+"""The AMQP properties of a delivered message that the ledger snapshot keeps (a copy's are made
+from them by :func:`rabbitretry.message.headers.copy_properties`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from rabbitretry.amqp.connection import IncomingMessage
-from rabbitretry.message.headers import publishable_properties
 
 
 def message_properties(message: IncomingMessage) -> dict[str, Any]:
@@ -19,12 +16,4 @@ def message_properties(message: IncomingMessage) -> dict[str, Any]:
     }
     if message.timestamp is not None:
         props["timestamp"] = message.timestamp.timestamp()
-    return props
-
-
-def restore_properties(snapshot: Mapping[str, Any]) -> dict[str, Any]:
-    """The inverse of :func:`message_properties`, for a copy rebuilt from the ledger."""
-    props = publishable_properties(snapshot)
-    if "timestamp" in props:
-        props["timestamp"] = datetime.fromtimestamp(float(props["timestamp"]), tz=UTC)
     return props

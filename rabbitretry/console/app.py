@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 
 from rabbitretry import db, urls
-from rabbitretry.console import display, forms, listing, security
+from rabbitretry.console import display, forms, paging, security
 from rabbitretry.console.forms import key_value
 from rabbitretry.console.replay_jobs import Jobs
 from rabbitretry.console.security import Auth, Session, Throttle
@@ -83,7 +83,7 @@ _templates = jinja2.Environment(
 )
 _templates.globals["key_value"] = key_value
 _templates.filters["verbatim"] = display.verbatim
-_templates.globals["link"] = listing.link
+_templates.globals["link"] = paging.link
 _templates.filters["q"] = lambda text: quote(str(text), safe="")
 
 

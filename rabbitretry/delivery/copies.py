@@ -61,7 +61,7 @@ class Copies:
                 routing_key=route.routing_key,
                 message_id=key.message_id,
                 headers=headers.republished(snapshot.headers, attempts),
-                properties=headers.publishable_properties(snapshot.properties),
+                properties=headers.copy_properties(snapshot.properties),
             )
         except UnpublishableError as error:
             # Content the broker cannot take back: without a copy the message would loop
@@ -103,5 +103,5 @@ class Copies:
                 error_type=failure.type,
                 error=failure.message,
             ),
-            properties=headers.publishable_properties(snapshot.properties),
+            properties=headers.copy_properties(snapshot.properties),
         )

@@ -1,9 +1,18 @@
 """The ledger: one row per ``(queue, message_id)``, the single source of truth for a message.
 
-``statements`` holds the typed calls over the named SQL statements, ``commits`` the commit
-groups that write concurrent attempts together, and ``attempts`` the one interface through which
-the delivery pipeline writes. What is exported here serves readers of the ledger (operations,
-the reconciler, the console) and tests that set up a state.
+This package is the only writer of the ledger and the attempt log (a test checks that no other
+module runs a statement that changes them):
+
+- ``statements``: the typed calls over the named statements of one delivery's attempts;
+- ``commits``: the commit groups that write concurrent attempts together;
+- ``attempts``: the one interface through which the delivery pipeline writes;
+- ``failures``: what is recorded of a failure (type, bounded message and traceback, fingerprint);
+- ``operator``: the writes an operator's actions make (ignore, undo, payload edits, replays);
+- ``repairs``: the writes the reconciler makes to repair what the broker lost;
+- ``retention``: what ``rabbitretry ledger prune`` removes.
+
+What is exported here serves readers of the ledger (operations, the reconciler, the console)
+and tests that set up a state.
 """
 
 from rabbitretry.ledger.attempts import AttemptLedger

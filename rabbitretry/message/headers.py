@@ -1,18 +1,22 @@
-"""The headers rabbitretry reads and writes, and the recipe for a republished copy. Pure.
+"""The headers rabbitretry reads and writes, and the one recipe for a republished copy. Pure.
 
-Every copy rabbitretry publishes (a delay copy, a dead letter, a replay, a re-drive) is built
-from the message as it arrived, with the broker's dead-letter headers removed and the ledger's
-attempt count set: a copy republished with ``x-death`` is silently dropped as a dead-letter cycle
-on its second pass through the delay chain, and ``x-death`` is only a hint anyway. A copy
-carries no ``CC``/``BCC`` either: the broker routes by them on publish and on every
-dead-lettering, so a producer's ``CC`` would send the copy to other queues too.
+Every copy rabbitretry publishes (a delay copy, a parked copy, a dead letter, a replay, a
+re-drive, a message put back on a dead-letter queue) is built here from the message as it
+arrived: its headers by :func:`republished` (or :func:`dead_letter`, :func:`kept_dead`), its
+properties by :func:`copy_properties`.
+
+The broker's dead-letter headers are removed and the ledger's attempt count set: a copy
+republished with ``x-death`` is silently dropped as a dead-letter cycle on its second pass
+through the delay chain, and ``x-death`` is only a hint anyway. A copy carries no ``CC``/``BCC``
+either: the broker routes by them on publish and on every dead-lettering, so a producer's ``CC``
+would send the copy to other queues too.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -41,10 +45,51 @@ def without_broker_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
     }
 
 
+def without_routing_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {key: value for key, value in (headers or {}).items() if key not in ROUTING_HEADERS}
+
+
 def republished(headers: Mapping[str, Any] | None, attempts: int) -> dict[str, Any]:
     """The headers of a copy republished by rabbitretry after ``attempts`` attempts."""
-    kept = {k: v for k, v in without_broker_headers(headers).items() if k not in ROUTING_HEADERS}
-    return {**publishable(kept), ATTEMPTS: attempts}
+    return {
+        **publishable(without_routing_headers(without_broker_headers(headers))),
+        ATTEMPTS: attempts,
+    }
+
+
+def kept_dead(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The headers of a message put back on its dead-letter queue, for people reading it.
+
+    Unlike a copy bound for a work queue it keeps ``x-death``, the broker's account of why the
+    message died there; the broker's own count of deliveries is dropped (it is the queue's, not
+    the message's), and so are ``CC``/``BCC``, which would route the copy to other queues.
+    """
+    kept = {k: v for k, v in without_routing_headers(headers).items() if k != "x-delivery-count"}
+    return publishable(kept)
+
+
+def death(*, queue: str, reason: str, error_type: str, error: str) -> dict[str, str]:
+    """The headers that say why a message died, on its copy on the dead-letter queue."""
+    return {QUEUE: queue, REASON: reason, ERROR_TYPE: error_type, ERROR: error[:ERROR_HEADER_LIMIT]}
+
+
+def copy_properties(properties: Mapping[str, Any]) -> dict[str, Any]:
+    """The AMQP properties of a copy, from those kept of the original (the ledger snapshot's).
+
+    Text that is not UTF-8 is escaped (:func:`publishable_properties`), and the timestamp, kept
+    as seconds, is a moment again.
+    """
+    copied = publishable_properties(properties)
+    born = published_at(copied)
+    if born is not None:
+        copied["timestamp"] = born
+    return copied
+
+
+def published_at(properties: Mapping[str, Any]) -> datetime | None:
+    """The moment the producer stamped on the message, from properties kept as a snapshot."""
+    seconds = properties.get("timestamp")
+    return None if seconds is None else datetime.fromtimestamp(float(seconds), tz=UTC)
 
 
 def publishable(table: Mapping[str, Any]) -> dict[str, Any]:
@@ -107,10 +152,7 @@ def dead_letter(
     """The headers of a copy on the dead-letter queue: why it died, for people reading it."""
     return {
         **republished(headers, attempts),
-        QUEUE: queue,
-        REASON: reason,
-        ERROR_TYPE: error_type,
-        ERROR: error[:ERROR_HEADER_LIMIT],
+        **death(queue=queue, reason=reason, error_type=error_type, error=error),
     }
 
 

@@ -1,2 +1,8 @@
-"""What an operator watches: metrics and the health endpoint, measured levels and the thresholds
-that judge them, alerts, heartbeats."""
+"""What an operator watches.
+
+- ``metrics``: Prometheus metrics and the ``/healthz`` endpoint of a worker;
+- ``levels``: the service levels measured from the ledger and the broker;
+- ``thresholds``: those levels judged against thresholds (pure);
+- ``alerts`` and ``alert_content``: alerts raised, delivered to a webhook, and what they say;
+- ``heartbeat``: the heartbeats of periodic components, so a silent one is noticed.
+"""

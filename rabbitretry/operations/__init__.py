@@ -26,9 +26,9 @@ from rabbitretry.operations.replay import (
     edit_and_replay,
     parse_rate,
     pause_before,
-    publisher,
     replay,
     replay_targets,
+    sender,
 )
 from rabbitretry.operations.selection import STATUSES, Filter, find, groups, history, list_messages
 
@@ -51,9 +51,9 @@ __all__ = [
     "parse_rate",
     "pause_before",
     "payload_text",
-    "publisher",
     "recent_audit",
     "replay",
     "replay_targets",
+    "sender",
     "unignore",
 ]

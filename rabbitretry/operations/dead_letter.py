@@ -63,7 +63,7 @@ async def replay_one(
                 routing_key=key.queue,
                 message_id=key.message_id,
                 headers=traced(headers.republished(snapshot.headers, row["attempts"])),
-                properties=snapshot.properties,
+                properties=headers.copy_properties(snapshot.properties),
             )
     return True
 

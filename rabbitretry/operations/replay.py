@@ -101,8 +101,8 @@ async def replay_targets(
 
 
 @contextlib.asynccontextmanager
-async def publisher(amqp_url: str) -> AsyncIterator[amqp.ConfirmingPublisher]:
-    """A confirming publisher on its own connection, for one operation."""
+async def sender(amqp_url: str) -> AsyncIterator[amqp.ConfirmingPublisher]:
+    """A confirming sender of copies on its own connection, for one operation."""
     connection = await amqp.connect(amqp_url, name="rabbitretry-operations")
     try:
         yield await amqp.ConfirmingPublisher.open(connection)

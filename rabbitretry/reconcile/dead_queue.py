@@ -208,17 +208,12 @@ async def _rotate(
     """Put each message back at the tail (confirmed), then ack it; False if the broker refused."""
     for item in batch:
         message = item.message
-        copy_headers = headers.publishable(_without_delivery_count(message.headers))
+        copy_headers = headers.kept_dead(message.headers)
         if item.message_id in inserted:
-            copy_headers.update(
-                {
-                    headers.QUEUE: target.queue,
-                    headers.REASON: REASON,
-                    headers.ERROR_TYPE: REASON,
-                    headers.ERROR: item.failure.message[: headers.ERROR_HEADER_LIMIT],
-                }
+            copy_headers |= headers.death(
+                queue=target.queue, reason=REASON, error_type=REASON, error=item.failure.message
             )
-        properties = amqp.restore_properties(amqp.message_properties(message))
+        properties = headers.copy_properties(amqp.message_properties(message))
         if message.reply_to:
             properties["reply_to"] = message.reply_to
         try:

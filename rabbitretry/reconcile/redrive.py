@@ -15,9 +15,8 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
 
-from rabbitretry import amqp, ledger
+from rabbitretry import ledger
 from rabbitretry.db import Pool, Record
 from rabbitretry.delivery import validity
 from rabbitretry.errors import ConnectionLost, PublishError, UnpublishableError
@@ -72,7 +71,7 @@ async def _publish_row(run: Run, row: Record) -> bool:
             routing_key=row["queue"],
             message_id=row["message_id"],
             headers=headers.republished(snapshot.headers, row["attempts"]),
-            properties=amqp.restore_properties(snapshot.properties),
+            properties=headers.copy_properties(snapshot.properties),
         )
     except ConnectionLost:
         raise  # every next publish would fail too: end the run, the rows stay marked
@@ -88,8 +87,6 @@ async def _publish_row(run: Run, row: Record) -> bool:
 
 def _born(row: Record) -> datetime | None:
     """When the message was published (its AMQP timestamp), else when it was first seen."""
-    properties: Mapping[str, Any] = json.loads(row["properties"])
-    if "timestamp" in properties:
-        return datetime.fromtimestamp(float(properties["timestamp"]), tz=UTC)
+    published = headers.published_at(json.loads(row["properties"]))
     first_seen: datetime | None = row["first_seen"]
-    return first_seen
+    return published or first_seen

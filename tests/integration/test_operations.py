@@ -80,7 +80,7 @@ async def test_group_replay_with_canary_and_cutoff(
         # Still broken: the canary dies again and nothing else is replayed.
         targets = await operations.replay_targets(pool, fingerprint=group["fingerprint"])
         assert [k.message_id for k in targets] == ["o-0", "o-1", "o-2"]
-        async with operations.publisher(amqp_url) as sender:
+        async with operations.sender(amqp_url) as sender:
             report = await operations.replay(
                 pool, sender, targets, actor=ACTOR, rate=50, canary=True, canary_timeout=30
             )
@@ -94,7 +94,7 @@ async def test_group_replay_with_canary_and_cutoff(
         targets = await operations.replay_targets(
             pool, fingerprint=group["fingerprint"], before=cutoff
         )
-        async with operations.publisher(amqp_url) as sender:
+        async with operations.sender(amqp_url) as sender:
             report = await operations.replay(
                 pool, sender, targets, actor=ACTOR, rate=50, canary=True, canary_timeout=30
             )
@@ -137,7 +137,7 @@ async def test_ignore_and_edit_then_replay(
         )
         await wait_status(pool, queue_name, "skip", "ignored", timeout=1)
 
-        async with operations.publisher(amqp_url) as sender:
+        async with operations.sender(amqp_url) as sender:
             with pytest.raises(OperationError, match="order"):
                 await operations.edit_and_replay(
                     pool,

@@ -154,7 +154,7 @@ async def test_a_replay_links_to_the_original_and_starts_the_next_attempts_trace
         dead_copy = await _get_one(amqp_url, consumer.work_queue().dead_queue_name)
 
         Broken.broken = False
-        async with operations.publisher(amqp_url) as sender:
+        async with operations.sender(amqp_url) as sender:
             report = await operations.replay(
                 pool, sender, [Key(queue_name, "o-7")], actor="test:operator"
             )

@@ -53,3 +53,32 @@ def test_a_header_name_that_was_not_utf8_travels_escaped() -> None:
     table = headers.publishable({"k\udcff": 1})
     assert table == {"k\\udcff": 1}
     encode.field_table(table)
+
+
+def test_a_copy_drops_cc_and_bcc() -> None:
+    arrived = {"CC": ["elsewhere"], "BCC": ["hidden"], "x-tenant": "acme"}
+    assert headers.republished(arrived, 1) == {"x-tenant": "acme", headers.ATTEMPTS: 1}
+
+
+def test_a_message_kept_dead_keeps_its_death_but_not_its_routing_or_delivery_count() -> None:
+    arrived = {"x-death": [{"count": 1}], "x-delivery-count": 3, "CC": ["q2"], "x-tenant": "a"}
+    assert headers.kept_dead(arrived) == {"x-death": [{"count": 1}], "x-tenant": "a"}
+
+
+def test_the_death_headers_bound_the_error() -> None:
+    death = headers.death(queue="q", reason="r", error_type="E", error="x" * 10_000)
+    assert len(death[headers.ERROR]) == headers.ERROR_HEADER_LIMIT
+    assert headers.dead_letter({}, 2, queue="q", reason="r", error_type="E", error="e") == {
+        headers.ATTEMPTS: 2,
+        **headers.death(queue="q", reason="r", error_type="E", error="e"),
+    }
+
+
+def test_copy_properties_escape_text_and_restore_the_timestamp() -> None:
+    kept = {"correlation_id": "c\udcff", "type": "t", "timestamp": 1_700_000_000.0}
+    assert headers.copy_properties(kept) == {
+        "correlation_id": "c\\udcff",
+        "type": "t",
+        "timestamp": datetime.fromtimestamp(1_700_000_000, tz=UTC),
+    }
+    assert headers.published_at({}) is None

@@ -111,7 +111,7 @@ async def replay(
             printing.print_targets(targets)
             out.print(f"dry run: {len(targets)} dead letter(s) would be replayed")
             return
-        async with operations.publisher(config.amqp_url) as sender:
+        async with operations.sender(config.amqp_url) as sender:
             report = await _replay_with_progress(
                 pool,
                 sender,
@@ -203,7 +203,7 @@ async def edit(
     pool = await db.create_pool(config.database(database), min_size=1, max_size=2)
     try:
         entry = await dead_key(pool, key, queue)
-        async with operations.publisher(config.amqp_url) as sender:
+        async with operations.sender(config.amqp_url) as sender:
             done = await operations.edit_and_replay(
                 pool, sender, entry, text, actor=actor(), payload_adapter=adapter, comment=comment
             )

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from rabbitretry import ledger, operations
-from rabbitretry.console import forms, listing
+from rabbitretry.console import forms, paging
 from rabbitretry.console.app import actor_of, config_of, jobs_of, pool_of, posted, render
 from rabbitretry.console.replay_jobs import Job
 from rabbitretry.console.views.message import message_page, to_message
@@ -32,7 +32,7 @@ async def replay(request: Request) -> Response:
     canary = form.get("canary") == "on"
     pool = pool_of(request)
     if len(keys) == 1 and not canary:
-        async with operations.publisher(config_of(request).amqp_url) as sender:
+        async with operations.sender(config_of(request).amqp_url) as sender:
             done = await operations.replay(pool, sender, keys, actor=actor_of(request))
         return to_message(keys[0], "retried" if done.replayed else "not-dead")
     targets = await operations.replay_targets(pool, keys=keys)
@@ -45,7 +45,7 @@ async def replay(request: Request) -> Response:
 async def confirm(request: Request) -> Response:
     """What a bulk action will touch, before it is done: the count, and a button to do it."""
     chosen = forms.bulk_from(await _posted_fields(request), datetime.now(UTC))
-    targets = await listing.dead_matching(pool_of(request), chosen.selection, chosen.before)
+    targets = await paging.dead_matching(pool_of(request), chosen.selection, chosen.before)
     if not targets:
         raise OperationError("no dead letters match: nothing to do")
     count = len(targets)
@@ -55,7 +55,7 @@ async def confirm(request: Request) -> Response:
 async def bulk(request: Request) -> Response:
     """A confirmed bulk action, on the dead letters that match now (up to the same cutoff)."""
     chosen = forms.bulk_from(await _posted_fields(request), datetime.now(UTC))
-    targets = await listing.dead_matching(pool_of(request), chosen.selection, chosen.before)
+    targets = await paging.dead_matching(pool_of(request), chosen.selection, chosen.before)
     if chosen.action == "retry":
         return await _start(
             request,
@@ -101,7 +101,7 @@ async def _start(
     pool, config, actor = pool_of(request), config_of(request), actor_of(request)
 
     async def run(job_id: str, progress: Progress) -> ReplayReport:
-        async with operations.publisher(config.amqp_url) as sender:
+        async with operations.sender(config.amqp_url) as sender:
             return await operations.replay(
                 pool,
                 sender,
@@ -134,7 +134,7 @@ async def edit(request: Request) -> Response:
     payload = str(form.get("payload") or "")
     config = config_of(request)
     try:
-        async with operations.publisher(config.amqp_url) as sender:
+        async with operations.sender(config.amqp_url) as sender:
             done = await operations.edit_and_replay(
                 pool_of(request),
                 sender,

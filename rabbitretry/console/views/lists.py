@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from rabbitretry import operations
-from rabbitretry.console import forms, listing
+from rabbitretry.console import forms, paging
 from rabbitretry.console.app import actor_of, pool_of, render
 from rabbitretry.operations import OperationError
 
@@ -19,20 +19,20 @@ EXPORT_LIMIT = 1_000_000
 
 async def messages(request: Request) -> Response:
     params = params_of(request)
-    order = listing.order_from(params, listing.MESSAGE_COLUMNS, "changed")
-    page = await listing.messages(pool_of(request), forms.filter_from(params), order)
+    order = paging.order_from(params, paging.MESSAGE_COLUMNS, "changed")
+    page = await paging.messages(pool_of(request), forms.filter_from(params), order)
     return _list_page(request, "messages.html", params, page)
 
 
 async def groups(request: Request) -> Response:
     params = params_of(request)
-    order = listing.order_from(params, listing.GROUP_COLUMNS, "messages")
-    page = await listing.groups(pool_of(request), forms.filter_from(params), order)
+    order = paging.order_from(params, paging.GROUP_COLUMNS, "messages")
+    page = await paging.groups(pool_of(request), forms.filter_from(params), order)
     return _list_page(request, "groups.html", params, page)
 
 
 def _list_page(
-    request: Request, template: str, params: dict[str, str], page: listing.Page
+    request: Request, template: str, params: dict[str, str], page: paging.Page
 ) -> Response:
     return render(
         request,
@@ -61,7 +61,7 @@ async def export(request: Request) -> Response:
 
 def params_of(request: Request) -> dict[str, str]:
     """The query parameters a list understands (filters, paging, refresh), "" when absent."""
-    names = (*forms.FILTER_FIELDS, *listing.PAGING_FIELDS, "refresh")
+    names = (*forms.FILTER_FIELDS, *paging.PAGING_FIELDS, "refresh")
     params = {name: request.query_params.get(name, "") for name in names}
     if params["refresh"] and params["refresh"] not in REFRESH_SECONDS:
         # It goes into a meta refresh: a number it must be, never "0; url=...".
