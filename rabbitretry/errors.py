@@ -26,6 +26,8 @@ raised, named in parentheses (the tests check that this tree lists every subclas
     │                                 connection (rabbitretry.testing; also a RuntimeError)
     └── PublishError                  the broker did not confirm a message
         ├── UnroutableError           the broker took it but no queue was bound to receive it
+        ├── PublishRefused            the broker refused this message: its exchange does not
+        │                             exist, or the user may not write to it
         └── ConnectionLost            the channel or connection failed before the confirm
 """
 
@@ -37,6 +39,7 @@ __all__ = [
     "MissingMessageId",
     "Permanent",
     "PublishError",
+    "PublishRefused",
     "RabbitRetryError",
     "Retry",
     "ServiceUnavailable",
@@ -114,6 +117,11 @@ class PublishError(RabbitRetryError):
 
 class UnroutableError(PublishError):
     """The broker returned a mandatory message: no queue is bound for its routing key."""
+
+
+class PublishRefused(PublishError):
+    """The broker refused this message: its exchange does not exist, or the user may not write
+    to it. Nothing was delivered; the same publish fails again until the topology changes."""
 
 
 class ConnectionLost(PublishError):

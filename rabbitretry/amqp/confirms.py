@@ -1,5 +1,16 @@
 """Publishing with publisher confirms and ``mandatory``: a message is either taken by the
-broker and routed to a queue, or the publish raises."""
+broker and routed to a queue, or the publish raises.
+
+A refusal names one message; it must not fail the others. The broker answers a publish to an
+exchange that does not exist (or that the user may not write to) by closing the channel, and
+every publish in flight on that channel fails with the same error; frames still on their way
+on it then make the broker close the whole connection. So an exchange is looked up once, with
+a passive declare on a channel of its own, before the first publish to it: a missing one is a
+:class:`PublishRefused` for that message alone, and nothing is sent. An exchange deleted later
+still closes the channel: the publish that named it raises :class:`PublishRefused`, and the
+others are sent again on a fresh channel. A refused outbox row, re-drive or replay stops
+nothing behind it.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +20,24 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aio_pika
+import aiormq
 from aio_pika.abc import DeliveryMode
 
 from rabbitretry.amqp.connection import CHANNEL_ERRORS, Channel, Connection, is_up
-from rabbitretry.errors import ConnectionLost, PublishError, UnpublishableError, UnroutableError
+from rabbitretry.amqp.probe import Prober
+from rabbitretry.errors import (
+    ConnectionLost,
+    PublishError,
+    PublishRefused,
+    ServiceUnavailable,
+    TopologyError,
+    UnpublishableError,
+    UnroutableError,
+)
 from rabbitretry.message.wire import why_unencodable
+
+SENDS_PAST_OTHERS_REFUSALS = 3
+"""How often a message is sent again after other messages' refusals closed its channel."""
 
 
 class ConfirmingPublisher:
@@ -29,6 +53,10 @@ class ConfirmingPublisher:
         self._connection = connection
         self._channel = channel
         self._in_flight: dict[str, asyncio.Event] = {}  # message_id -> set when settled
+        self._reopening = asyncio.Lock()  # one new channel, however many publishes find it closed
+        self._prober = Prober(connection)  # looks exchanges up without closing this channel
+        self._existing: set[str] = set()  # exchanges looked up and found
+        self._looking_up = asyncio.Lock()
 
     @classmethod
     async def open(cls, connection: Connection) -> ConfirmingPublisher:
@@ -41,10 +69,11 @@ class ConfirmingPublisher:
     async def _ready_channel(self) -> Channel:
         # The broker closes a channel on a publish to a missing exchange (404); the next
         # message gets a new one instead of failing too.
-        if self._channel.is_closed and not self._connection.is_closed:
-            with contextlib.suppress(*CHANNEL_ERRORS):
-                await self._channel.close()
-            self._channel = await self._new_channel(self._connection)
+        async with self._reopening:
+            if self._channel.is_closed and not self._connection.is_closed:
+                with contextlib.suppress(*CHANNEL_ERRORS):
+                    await self._channel.close()
+                self._channel = await self._new_channel(self._connection)
         return self._channel
 
     async def publish(
@@ -80,7 +109,8 @@ class ConfirmingPublisher:
             # Bounded as a whole: on a robust connection that is reconnecting, getting the
             # channel waits for the reconnect, which may never come.
             async with asyncio.timeout(timeout), self._alone(message_id):
-                await self._publish(message, exchange, routing_key)
+                await self._refuse_if_missing(exchange, message_id)
+                await self._publish_past_others_refusals(message, exchange, routing_key)
         except (TypeError, ValueError) as error:
             # pamqp refusing to encode something why_unencodable let through: nothing was
             # sent (aiormq encodes the frames before writing them), and no retry can help.
@@ -94,6 +124,11 @@ class ConfirmingPublisher:
             ) from error
         except aio_pika.exceptions.DeliveryError as error:
             raise PublishError(f"the broker refused message {message_id!r}: {error}") from error
+        except aiormq.exceptions.ChannelClosed as error:
+            if _names_exchange(error, exchange):
+                self._existing.discard(exchange)  # deleted since it was looked up
+                raise _refused(message_id, exchange, error) from error
+            raise ConnectionLost(f"publishing message {message_id!r} failed: {error}") from error
         except (*CHANNEL_ERRORS, RuntimeError) as error:
             # aio-pika raises a bare RuntimeError for a channel whose connection has closed.
             raise ConnectionLost(
@@ -117,6 +152,43 @@ class ConfirmingPublisher:
             del self._in_flight[message_id]
             settled.set()
 
+    async def _refuse_if_missing(self, exchange: str, message_id: str) -> None:
+        """:class:`PublishRefused` if ``exchange`` does not exist (looked up once, when found)."""
+        if exchange == "" or exchange in self._existing:
+            return
+        async with self._looking_up:
+            if exchange in self._existing:
+                return
+            try:
+                outcome, _ = await self._prober.attempt(
+                    lambda channel: channel.declare_exchange(exchange, passive=True)
+                )
+            except TopologyError as error:  # e.g. access refused
+                raise _refused(message_id, exchange, error) from error
+            except ServiceUnavailable as error:
+                raise ConnectionLost(str(error)) from error
+            if outcome == "not-found":
+                raise _refused(message_id, exchange)
+            self._existing.add(exchange)
+
+    async def _publish_past_others_refusals(
+        self, message: aio_pika.Message, exchange: str, routing_key: str
+    ) -> None:
+        """Publish; sent again on a new channel when another message's refusal closed this one.
+
+        Sending again may deliver a second copy of a message the broker had taken before the
+        channel closed: consumers deduplicate by ``message_id``.
+        """
+        for sends_left in range(SENDS_PAST_OTHERS_REFUSALS, 0, -1):
+            try:
+                await self._publish(message, exchange, routing_key)
+                return
+            except aiormq.exceptions.ChannelClosed as error:
+                if _names_exchange(error, exchange) or self._connection.is_closed:
+                    raise
+                if sends_left == 1:
+                    raise
+
     async def _publish(self, message: aio_pika.Message, exchange: str, routing_key: str) -> None:
         channel = await self._ready_channel()
         target = (
@@ -132,5 +204,32 @@ class ConfirmingPublisher:
         return is_up(self._connection)
 
     async def close(self) -> None:
+        await self._prober.close()
         if not self._channel.is_closed:
             await self._channel.close()
+
+
+def _refused(message_id: str, exchange: str, error: Exception | None = None) -> PublishRefused:
+    """Why the broker refused the message: a missing exchange, or the broker's own words."""
+    if error is None or isinstance(error, aiormq.exceptions.ChannelNotFoundEntity):
+        why = f"exchange {exchange!r} does not exist"
+    elif isinstance(error, aiormq.exceptions.ChannelClosed):
+        why = _reply(error)
+    else:
+        why = str(error)
+    return PublishRefused(f"the broker refused message {message_id!r}: {why}")
+
+
+def _reply(error: aiormq.exceptions.ChannelClosed) -> str:
+    """The broker's own words, e.g. ``NOT_FOUND - no exchange 'x' in vhost '/'``."""
+    return str(error.args[-1]) if error.args else type(error).__name__
+
+
+def _names_exchange(error: aiormq.exceptions.ChannelClosed, exchange: str) -> bool:
+    """Whether the channel closed because of ``exchange``: this message's refusal, not another's.
+
+    The broker names the exchange it refused (``NOT_FOUND - no exchange 'x' in vhost '/'``,
+    ``ACCESS_REFUSED - access to exchange 'x' in vhost '/' refused for user 'u'``).
+    """
+    refusals = aiormq.exceptions.ChannelNotFoundEntity | aiormq.exceptions.ChannelAccessRefused
+    return isinstance(error, refusals) and f"exchange '{exchange}'" in _reply(error)

@@ -10,7 +10,9 @@ Every delivery is settled, whatever fails, and each kind of failure has its own 
   (:mod:`rabbitretry.delivery.outage`) and requeues the delivery once the gate opens again;
   nothing is charged;
 - *content* the ledger refuses (a ``message_id`` PostgreSQL cannot store) is dead at once,
-  reason ``unstorable``, kept under an escaped key;
+  reason ``unstorable``, kept under an escaped key; a header table the client could not decode
+  (:mod:`rabbitretry.amqp.lenient_frames`) is dead at once, reason ``undecodable``, its raw
+  bytes kept;
 - a *bug* (any other exception) in the attempt is a failed attempt under the retry policy; in
   our own code after the claim, the delivery is requeued and the claimed attempt counts, so the
   crash-loop guard ends a loop.
@@ -159,6 +161,9 @@ class Pipeline:
         too_large = oversize(type(self.consumer), message.body)
         if too_large is not None:
             return await self.verdicts.reject(key, "too-large", too_large, snapshot)
+        undecodable = headers.why_undecodable(message.headers)
+        if undecodable is not None:
+            return await self.verdicts.reject(key, "undecodable", undecodable, snapshot)
 
         copy_attempts = headers.attempts_of(message.headers)
         request = ClaimRequest(

@@ -29,6 +29,10 @@ QUEUE = "x-rabbitretry-queue"
 REASON = "x-rabbitretry-reason"
 ERROR_TYPE = "x-rabbitretry-error-type"
 ERROR = "x-rabbitretry-error"
+UNDECODABLE = "x-rabbitretry-undecodable"
+"""Why the header table the producer sent could not be decoded (the rest of the message could)."""
+RAW_HEADERS = "x-rabbitretry-raw-headers"
+"""The bytes of that table, as they came in the frame, for a person to look at."""
 MAX_ATTEMPTS_VALUE = 2**31 - 1  # an integer column
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 ERROR_HEADER_LIMIT = 500  # characters of the error message carried on a dead letter
@@ -168,6 +172,17 @@ def attempts_of(headers: Mapping[str, Any] | None) -> int:
         except ValueError:
             return 0
     return min(max(value, 0), MAX_ATTEMPTS_VALUE)
+
+
+def undecodable(why: str, raw: bytes) -> dict[str, Any]:
+    """The headers of a message whose header table could not be decoded: why, and its bytes."""
+    return {UNDECODABLE: why, RAW_HEADERS: bytearray(raw)}
+
+
+def why_undecodable(headers: Mapping[str, Any] | None) -> str | None:
+    """Why the message's headers could not be decoded (None when they were)."""
+    why = (headers or {}).get(UNDECODABLE)
+    return None if why is None else str(why)
 
 
 def x_death(headers: Mapping[str, Any] | None) -> list[dict[str, Any]]:

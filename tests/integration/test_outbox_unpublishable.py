@@ -235,3 +235,37 @@ async def test_the_reconciler_fails_an_unpublishable_stuck_row_and_goes_on_with_
     assert sorted(await drain(amqp_url, work_queue)) == ["order-1", "stuck-ok"]
     (beat,) = await heartbeat.read_all(pool)
     assert beat.counts["errors"] == 2 and beat.counts["outbox_published"] == 1
+
+
+async def test_a_row_whose_exchange_does_not_exist_fails_alone_and_stops_nothing(
+    amqp_url: str, pool: asyncpg.Pool, work_queue: str, publisher: ConfirmingPublisher
+) -> None:
+    """The broker closes the channel on a publish to a missing exchange (404), failing every
+    publish in flight on it. It was taken for a lost connection: the row stayed pending, its
+    tries uncounted, led every batch and closed the channel under its neighbours for good.
+    Now the exchange is looked up first, and the row alone fails, after its budget of tries."""
+    missing = f"{work_queue}.missing"
+    await enqueue(pool, "good-1", work_queue)
+    await enqueue(pool, "lost", "k", exchange=missing)
+    for n in range(2, 6):
+        await enqueue(pool, f"good-{n}", work_queue)
+    relay = OutboxRelay(pool, amqp_url, max_tries=2, initial_backoff=0.0, max_backoff=0.0)
+
+    assert await relay.relay_once(publisher) == 6
+    rows = await rows_by_id(pool)
+    assert {key: (row["status"], row["tries"]) for key, row in rows.items()} == {
+        "good-1": ("sent", 1),
+        "lost": ("pending", 1),  # a counted try: the exchange may yet be declared
+        **{f"good-{n}": ("sent", 1) for n in range(2, 6)},
+    }
+    assert rows["lost"]["last_error"] == (
+        f"the broker refused message 'lost': exchange '{missing}' does not exist"
+    )
+    assert (relay.stats.sent, relay.stats.failed_tries) == (5, 1)
+
+    await enqueue(pool, "good-6", work_queue)
+    assert await relay.relay_once(publisher) == 2  # its budget spent, the row is failed
+    rows = await rows_by_id(pool)
+    assert (rows["lost"]["status"], rows["lost"]["tries"]) == ("failed", 2)
+    assert rows["good-6"]["status"] == "sent"
+    assert sorted(await drain(amqp_url, work_queue)) == [f"good-{n}" for n in range(1, 7)]

@@ -9,6 +9,8 @@ import pytest
 from pamqp import decode
 
 import rabbitretry.amqp  # noqa: F401  (installs the lenient decoders)
+from rabbitretry.amqp import lenient_frames
+from rabbitretry.message import headers as headers_mod
 
 
 def _table(key: bytes, kind: bytes, value: bytes) -> bytes:
@@ -44,3 +46,37 @@ def test_a_header_name_that_is_not_utf8_keeps_its_bytes() -> None:
 def test_a_truncated_frame_is_still_an_error() -> None:
     with pytest.raises(ValueError):
         decode.by_type(b"\x00\x01", "timestamp")
+
+
+def nested(depth: int, innermost: bytes = b"t\x01", *, kind: bytes = b"F") -> bytes:
+    """A header table whose value ``x`` nests ``depth`` tables (or arrays) deep."""
+    value = innermost
+    for _ in range(depth):
+        if kind == b"F":
+            value = b"F" + _table(b"x", value[:1], value[1:])
+        else:
+            value = b"A" + struct.pack(">I", len(value)) + value
+    return _table(b"x", value[:1], value[1:])
+
+
+@pytest.mark.parametrize("kind", [b"F", b"A"], ids=["tables", "arrays"])
+def test_a_table_nested_to_the_bound_decodes(kind: bytes) -> None:
+    table = nested(lenient_frames.MAX_DEPTH, kind=kind)
+    consumed, headers = decode.by_type(table, "table")
+    assert consumed == len(table) and headers_mod.UNDECODABLE not in headers
+
+
+@pytest.mark.parametrize("depth", [lenient_frames.MAX_DEPTH + 1, 800, 5_000])
+@pytest.mark.parametrize("kind", [b"F", b"A"], ids=["tables", "arrays"])
+def test_a_table_nested_past_the_bound_is_a_marker_with_its_bytes(kind: bytes, depth: int) -> None:
+    table = nested(depth, kind=kind)
+    following = b"\x05after"  # what follows the table in the frame is still read right
+    consumed, headers = decode.by_type(table + following, "table")
+    assert consumed == len(table)
+    assert headers == {
+        headers_mod.UNDECODABLE: f"a header table nested deeper than {lenient_frames.MAX_DEPTH} "
+        "tables and arrays",
+        headers_mod.RAW_HEADERS: bytearray(table[4:]),
+    }
+    assert headers_mod.why_undecodable(headers) is not None
+    assert decode.by_type(table + following, "table")[1] == headers  # the depth was reset

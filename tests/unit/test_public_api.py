@@ -31,6 +31,7 @@ EXPECTED = [
     "OutboxRelay",
     "Permanent",
     "PublishError",
+    "PublishRefused",
     "Publisher",
     "RabbitRetryError",
     "Reconciler",
