@@ -33,6 +33,8 @@ raised, named in parentheses (the tests check that this tree lists every subclas
 
 from __future__ import annotations
 
+import math
+
 __all__ = [
     "ConfigurationError",
     "ConnectionLost",
@@ -57,14 +59,22 @@ class RabbitRetryError(Exception):
 class Retry(RabbitRetryError):
     """Raise from a handler to retry the message, optionally after ``delay`` seconds.
 
-    The attempt still counts against the policy's ``max_attempts``.
+    The attempt still counts against the policy's ``max_attempts``, and the delay is capped at
+    its ``max_delay``. A delay that is not a finite number of seconds >= 0 is refused here, with
+    a ``ValueError``: it could never be scheduled.
     """
 
     def __init__(self, reason: str = "retry requested", *, delay: float | None = None) -> None:
         super().__init__(reason)
-        if delay is not None and delay < 0:
-            raise ValueError("Retry delay must be >= 0 seconds")
+        if delay is not None and not _is_seconds(delay):
+            raise ValueError(f"Retry delay must be a finite number of seconds >= 0, not {delay!r}")
         self.delay = delay
+
+
+def _is_seconds(value: object) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value) and value >= 0
 
 
 class Permanent(RabbitRetryError):

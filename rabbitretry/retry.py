@@ -25,6 +25,8 @@ class Decision:
     action: Literal["retry", "dead"]
     delay: float = 0.0
     reason: str = ""
+    capped_from: float | None = None
+    """The delay a :class:`Retry` asked for, when it was over ``max_delay`` (for the log)."""
 
 
 class RetryPolicy(BaseModel):
@@ -101,5 +103,13 @@ class RetryPolicy(BaseModel):
         if attempt >= self.max_attempts:
             return Decision("dead", reason="attempts-exhausted")
         if isinstance(error, Retry) and error.delay is not None:
-            return Decision("retry", delay=error.delay)
+            return self._asked_for(error.delay)
         return Decision("retry", delay=self.delay_after(attempt, rng))
+
+    def _asked_for(self, delay: float) -> Decision:
+        """A handler's own delay, within ``[0, max_delay]`` (whatever was set on the error)."""
+        if math.isfinite(delay) and 0 <= delay <= self.max_delay:
+            return Decision("retry", delay=delay)
+        if math.isfinite(delay) and delay < 0:
+            return Decision("retry", delay=0.0, capped_from=delay)
+        return Decision("retry", delay=self.max_delay, capped_from=delay)

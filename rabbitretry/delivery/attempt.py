@@ -98,6 +98,14 @@ def _failed(
 ) -> AttemptResult:
     failure = describe(ctx.queue, error)
     decision = consumer_type.retry.decide(error, ctx.attempt, rng)
+    if decision.capped_from is not None:
+        log.warning(
+            "%s/%s: a retry was asked for in %r s; it waits %.1f s, the policy's bound",
+            ctx.queue,
+            ctx.message_id,
+            decision.capped_from,
+            decision.delay,
+        )
     if decision.action == "dead":
         return AttemptResult("dead", decision.reason, error=error, failure=failure)
     return AttemptResult("retrying", delay=decision.delay, error=error, failure=failure)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -285,9 +286,31 @@ def test_a_policy_is_frozen() -> None:
         policy.max_attempts = 10  # type: ignore[misc]
 
 
-def test_retry_refuses_a_negative_delay() -> None:
-    with pytest.raises(ValueError, match=">= 0"):
-        Retry(delay=-1)
+@pytest.mark.parametrize(
+    "delay", [-1, -0.001, float("nan"), float("inf"), float("-inf"), "5", True, None.__class__]
+)
+def test_retry_refuses_a_delay_that_could_never_be_scheduled(delay: Any) -> None:
+    with pytest.raises(ValueError, match=r"^Retry delay must be a finite number of seconds >= 0"):
+        Retry(delay=delay)
+
+
+def test_a_retry_asking_for_more_than_max_delay_waits_max_delay() -> None:
+    policy = RetryPolicy(max_attempts=3, max_delay=60.0)
+    assert policy.decide(Retry(delay=1e12), 1) == Decision("retry", delay=60.0, capped_from=1e12)
+    assert policy.decide(Retry(delay=60), 1) == Decision("retry", delay=60)
+
+
+@pytest.mark.parametrize(
+    ("set_later", "waits"), [(float("nan"), 60.0), (float("inf"), 60.0), (-5.0, 0.0)]
+)
+def test_a_delay_set_on_the_error_after_it_was_made_is_bounded_too(
+    set_later: float, waits: float
+) -> None:
+    error = Retry(delay=1)
+    error.delay = set_later
+    decision = RetryPolicy(max_delay=60.0).decide(error, 1)
+    assert (decision.action, decision.delay) == ("retry", waits)
+    assert decision.capped_from is not None
 
 
 def test_retry_keeps_its_reason_and_delay() -> None:

@@ -53,6 +53,8 @@ class Award(Consumer[OrderPaid]):
             raise Permanent("the account is closed")
         if msg.order_id == "later":
             raise Retry("not yet", delay=42.0)
+        if msg.order_id == "next-year":
+            raise Retry("not yet", delay=365 * 86400)
         self.handled.append((msg.order_id, ctx.attempt))
 
 
@@ -112,6 +114,14 @@ async def test_retry_delays_are_reproducible_and_follow_the_rng() -> None:
 async def test_retry_with_a_delay_uses_that_delay() -> None:
     result = await testing.handle(Award, {"order_id": "later", "points": 1})
     assert (result.outcome, result.delay) == ("retrying", 42.0)
+
+
+async def test_a_retry_delay_past_max_delay_waits_max_delay_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    result = await testing.handle(Award, {"order_id": "next-year", "points": 1})
+    assert (result.outcome, result.delay) == ("retrying", 60.0)
+    assert "a retry was asked for in 31536000 s; it waits 60.0 s, the policy's bound" in caplog.text
 
 
 async def test_permanent_is_dead_at_once() -> None:
