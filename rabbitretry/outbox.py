@@ -45,6 +45,9 @@ __all__ = ["Outbox", "OutboxRelay", "RelayStats"]
 log = logging.getLogger("rabbitretry.outbox")
 
 NOTIFY_CHANNEL = "rabbitretry_outbox"
+MAX_TRIES = 10  # tries of a row the broker refuses before it is failed for good
+INITIAL_BACKOFF = 1.0  # seconds before the second try, doubling up to MAX_BACKOFF
+MAX_BACKOFF = 300.0
 
 
 class Outbox:
@@ -103,9 +106,9 @@ class OutboxRelay:
     amqp_url: str
     batch_size: int = 100
     poll_interval: float = 1.0
-    max_tries: int = 10
-    initial_backoff: float = 1.0
-    max_backoff: float = 300.0
+    max_tries: int = MAX_TRIES
+    initial_backoff: float = INITIAL_BACKOFF
+    max_backoff: float = MAX_BACKOFF
     stats: RelayStats = field(default_factory=RelayStats)
     ready: bool = field(default=False, init=False)
     """True once connected and listening."""
@@ -181,10 +184,14 @@ class OutboxRelay:
         else:  # a bug: counted as a try like a refusal, with its traceback in the log
             reason = f"{type(error).__name__}: {error}"
             log.error("outbox row %s: unexpected error publishing it", row["id"], exc_info=error)
-        tries = row["tries"] + 1
-        backoff = min(self.max_backoff, self.initial_backoff * 2 ** min(tries - 1, 30))
-        backoff *= random.uniform(0.8, 1.2)
-        await conn.execute(query("outbox_failed_try"), row["id"], reason, self.max_tries, backoff)
+        tries, backoff = await failed_try(
+            conn,
+            row,
+            reason,
+            max_tries=self.max_tries,
+            initial_backoff=self.initial_backoff,
+            max_backoff=self.max_backoff,
+        )
         self.stats.failed_tries += 1
         if tries >= self.max_tries:
             self.stats.given_up += 1
@@ -238,6 +245,24 @@ async def publish_row(publisher: amqp.ConfirmingPublisher, row: Record) -> None:
         headers=json.loads(row["headers"]),
         properties={"content_type": row["content_type"]},
     )
+
+
+async def failed_try(
+    conn: Connection,
+    row: Record,
+    reason: str,
+    *,
+    max_tries: int = MAX_TRIES,
+    initial_backoff: float = INITIAL_BACKOFF,
+    max_backoff: float = MAX_BACKOFF,
+) -> tuple[int, float]:
+    """Count a failed try of ``row``: due again after a jittered, doubling backoff, or
+    ``failed`` once it had ``max_tries``. Its number of tries, and the backoff."""
+    tries = row["tries"] + 1
+    backoff = min(max_backoff, initial_backoff * 2 ** min(tries - 1, 30))
+    backoff *= random.uniform(0.8, 1.2)
+    await conn.execute(query("outbox_failed_try"), row["id"], reason, max_tries, backoff)
+    return tries, backoff
 
 
 async def fail_unpublishable(conn: Connection, row: Record, error: UnpublishableError) -> None:

@@ -30,7 +30,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,20 +143,39 @@ class Reconciler:
             batch_size=self.batch_size,
             max_batches=self.max_batches,
         )
-        report.retries_redriven = await redrive(run, repairs.take_overdue_retries, self._expiry)
-        report.leases_redriven = await redrive(run, repairs.take_expired_leases, self._expiry)
-        report.outbox_published = await publish_stuck_outbox(run)
-        report.broker_dead_recorded = await dead_queue.scan(
-            self.pool,
-            self._connection,
-            run.publisher,
-            self.consumers,
-            limit=self.batch_size * self.max_batches,
-            batch_size=self.batch_size,
-            errors=report.errors,
-        )
+        connection = self._connection
+        assert connection is not None  # opened with the publisher
+
+        async def overdue_retries() -> None:
+            report.retries_redriven = await redrive(run, repairs.take_overdue_retries, self._expiry)
+
+        async def expired_leases() -> None:
+            report.leases_redriven = await redrive(run, repairs.take_expired_leases, self._expiry)
+
+        async def stuck_outbox() -> None:
+            report.outbox_published = await publish_stuck_outbox(run)
+
+        async def dead_letter_queues() -> None:
+            report.broker_dead_recorded = await dead_queue.scan(
+                self.pool,
+                connection,
+                run.publisher,
+                self.consumers,
+                limit=self.batch_size * self.max_batches,
+                batch_size=self.batch_size,
+                errors=report.errors,
+            )
+
+        await _isolated(report, "overdue retries", overdue_retries)
+        await _isolated(report, "expired leases", expired_leases)
+        await _isolated(report, "stuck outbox", stuck_outbox)
+        await _isolated(report, "dead-letter queues", dead_letter_queues)
         for item in self.reconciliations:
-            report.windows.append(await check_window(run, item))
+
+            async def window(item: Reconciliation = item) -> None:
+                report.windows.append(await check_window(run, item))
+
+            await _isolated(report, f"reconciliation {item.name}", window)
 
     async def close(self) -> None:
         if self._connection is not None:
@@ -171,3 +190,18 @@ class Reconciler:
             )
             self._publisher = await amqp.ConfirmingPublisher.open(self._connection)
         return self._publisher
+
+
+async def _isolated(report: RunReport, step: str, run_step: Callable[[], Awaitable[None]]) -> None:
+    """Run one step; its failure is the step's alone: logged, reported, and the run goes on.
+
+    A step that fails because a service is away fails fast, so the later steps cost little
+    then; a bug in one step no longer hides what the others would have found.
+    """
+    try:
+        await run_step()
+    except Exception as error:
+        log.error("reconciler step %s failed: %s: %s", step, type(error).__name__, error)
+        log.debug("reconciler step %s failed", step, exc_info=error)
+        report.failed_steps.append(step)
+        report.errors.append(f"{step}: {type(error).__name__}: {error}")

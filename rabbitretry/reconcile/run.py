@@ -22,6 +22,8 @@ class RunReport:
     broker_dead_recorded: int = 0
     """Messages found on a dead-letter queue without a ledger row, recorded dead."""
     errors: list[str] = field(default_factory=list)
+    failed_steps: list[str] = field(default_factory=list)
+    """The steps that failed (each also in ``errors``); the others ran."""
     windows: list[WindowReport] = field(default_factory=list)
 
     @property
@@ -40,6 +42,7 @@ class RunReport:
             "missing": sum(window.missing for window in self.windows),
             "orphaned": self.orphaned,
             "errors": len(self.errors),
+            "failed_steps": list(self.failed_steps),
         }
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 
 from rabbitretry.db import Connection, Record, query
-from rabbitretry.errors import ConnectionLost, PublishError, UnpublishableError
-from rabbitretry.outbox import fail_unpublishable, publish_row
+from rabbitretry.errors import ConnectionLost, PublishError, PublishRefused, UnpublishableError
+from rabbitretry.outbox import fail_unpublishable, failed_try, publish_row
 from rabbitretry.reconcile.run import Run
 
 log = logging.getLogger("rabbitretry.reconcile.reconciler")  # one logger for every step
@@ -47,6 +47,12 @@ async def _publish_outbox_rows(
             # No try can succeed: failed now, with the reason, as the relay does.
             await fail_unpublishable(conn, row, error)
             run.report.errors.append(f"outbox row {row['id']} cannot be published: {error}")
+            continue
+        except PublishRefused as error:
+            # The broker refused this row: a counted try, as the relay counts one, so that a
+            # row no relay takes still ends failed after its tries.
+            await failed_try(conn, row, str(error))
+            run.report.errors.append(f"outbox row {row['id']}: {error}")
             continue
         except PublishError as error:
             # Left pending for the relay, whose backoff and give-up rules apply.

@@ -489,6 +489,36 @@ async def test_a_failing_run_is_recorded_in_the_heartbeat(scene: Scene) -> None:
     assert beat.error.startswith("ServiceUnavailable: cannot connect to RabbitMQ")
 
 
+async def test_a_failing_step_is_its_own_and_the_other_steps_still_run(scene: Scene) -> None:
+    """A refused outbox row and an expectation hook with a bug: the run re-drives the lost
+    retries, records the refusal, reports the failed step, and its heartbeat says so."""
+    await scene.consumer()
+    await scene.lost_retries(["lost"])
+    async with scene.pool.acquire() as conn, conn.transaction():
+        await Outbox().enqueue(
+            conn, f"{scene.queue}.missing", {"n": 1}, routing_key="k", message_id="refused"
+        )
+    await scene.pool.execute("UPDATE rabbitretry.outbox SET next_try_at = now() - interval '1 h'")
+
+    async def broken(start: datetime, end: datetime) -> AsyncIterator[Expected]:
+        raise KeyError("a bug in the application's hook")
+        yield  # an async generator
+
+    hook = Reconciliation("broken", scene.queue, broken, lookback=600, settle=0)
+    report = await scene.reconciler(reconciliations=[hook]).run_once()
+    assert (report.retries_redriven, report.failed_steps) == (1, ["reconciliation broken"])
+    assert report.errors == [
+        f"outbox row 1: the broker refused message 'refused': exchange '{scene.queue}.missing'"
+        " does not exist",
+        'reconciliation broken: KeyError: "a bug in the application\'s hook"',
+    ]
+    assert await scene.drain() == ["lost"]
+    (beat,) = await heartbeat.read_all(scene.pool)
+    assert beat.error is not None and "reconciliation broken: KeyError" in beat.error
+    # The refusal was a counted try of the row (no relay runs here to count it).
+    assert await scene.rows("SELECT status, tries FROM rabbitretry.outbox") == [("pending", 1)]
+
+
 # --- business validity -------------------------------------------------------------------------
 
 
