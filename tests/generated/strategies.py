@@ -64,6 +64,10 @@ class Case:
     content_encoding: str | None = None
     timestamp: dt.datetime | int | None = None
     """A datetime (aio-pika) or raw seconds since the epoch, up to 2**64 - 1 (pika)."""
+    raw_headers: bytes | None = None
+    """pika only: a header table sent as these bytes, in place of ``headers``. The clients'
+    encoders recurse as the decoders do, so tables nested past a few hundred levels (which the
+    broker routes) can only be sent this way."""
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # Hypothesis' printer
         printer.text(repr(self))
@@ -72,7 +76,9 @@ class Case:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         fields["body"] = _abbreviated(self.body)
         fields["headers"] = _abbreviated(self.headers)
-        fields = {k: v if k in ("body", "headers") else repr(v) for k, v in fields.items()}
+        fields["raw_headers"] = _abbreviated(self.raw_headers)
+        shown = ("body", "headers", "raw_headers")
+        fields = {k: v if k in shown else repr(v) for k, v in fields.items()}
         return "Case(" + ", ".join(f"{k}={v}" for k, v in fields.items()) + ")"
 
 
@@ -194,6 +200,50 @@ pika_headers = st.dictionaries(
     ),
     max_size=4,
 )
+
+
+def _table(entries: list[bytes]) -> bytes:
+    """A field table of already encoded entries (name length, name, type, value)."""
+    body = b"".join(entries)
+    return struct.pack(">I", len(body)) + body
+
+
+def _entry(name: bytes, kind: bytes, value: bytes) -> bytes:
+    return bytes([len(name)]) + name + kind + value
+
+
+def nested_table(depth: int, kinds: bytes = b"F") -> bytes:
+    """``{"x": ...}`` with ``depth`` tables (``F``) and arrays (``A``) nested, in turn as in
+    ``kinds``, around ``true``."""
+    value = b"t\x01"
+    for level in range(depth):
+        if kinds[level % len(kinds)] == ord("F"):
+            value = b"F" + _table([_entry(b"x", value[:1], value[1:])])
+        else:
+            value = b"A" + struct.pack(">I", len(value)) + value
+    return _table([_entry(b"x", value[:1], value[1:])])
+
+
+def wide_table(keys: int) -> bytes:
+    return _table([_entry(b"k%05d" % n, b"t", b"\x01") for n in range(keys)])
+
+
+def long_array_table(length: int) -> bytes:
+    return _table([_entry(b"a", b"A", struct.pack(">I", 2 * length) + b"t\x01" * length)])
+
+
+raw_header_tables = st.one_of(
+    st.builds(
+        nested_table,
+        st.sampled_from([1, 63, 64, 65, 200, 800, 5_000, 18_000]),
+        st.sampled_from([b"F", b"A", b"FA"]),
+    ),
+    st.builds(wide_table, st.sampled_from([1_000, 5_000, 12_000])),
+    st.builds(long_array_table, st.sampled_from([1_000, 20_000, 60_000])),
+)
+"""Header tables built without recursion, up to what one frame holds: nested tables and arrays
+far deeper than any decoder should follow, wide tables and long arrays."""
+
 
 # --- short string properties: message_id, correlation_id, type -------------------------------
 
@@ -348,6 +398,7 @@ def cases(draw: st.DrawFn, body: st.SearchStrategy[bytes] = bodies) -> Case:
         body=draw(body),
         message_id=draw(raw_or_text),
         headers=draw(pika_headers),
+        raw_headers=draw(st.one_of(st.none(), raw_header_tables)),
         correlation_id=draw(raw_or_text),
         type=draw(raw_or_text),
         content_encoding=draw(content_encodings),
@@ -377,7 +428,33 @@ def aio_pika_message(case: Case) -> aio_pika.Message:
     )
 
 
+class _RawHeaderProperties(pika.BasicProperties):  # type: ignore[misc]
+    """pika's properties with the header table spliced in as raw bytes (``Case.raw_headers``)."""
+
+    raw_headers: bytes = b""
+
+    def encode(self) -> list[bytes]:
+        pieces: list[bytes] = super().encode()
+        (flags,) = struct.unpack(">H", pieces[0])
+        # The table goes after content_type and content_encoding (two pieces each when set).
+        at = 1 + 2 * (self.content_type is not None) + 2 * (self.content_encoding is not None)
+        flags |= self.FLAG_HEADERS
+        return [struct.pack(">H", flags), *pieces[1:at], self.raw_headers, *pieces[at:]]
+
+
 def pika_properties(case: Case) -> pika.BasicProperties:
+    if case.raw_headers is not None:
+        raw = _RawHeaderProperties(
+            message_id=case.message_id or None,
+            correlation_id=case.correlation_id,
+            type=case.type,
+            content_type=case.content_type,
+            content_encoding=case.content_encoding,
+            timestamp=case.timestamp,
+            delivery_mode=2,
+        )
+        raw.raw_headers = case.raw_headers
+        return raw
     return pika.BasicProperties(
         message_id=case.message_id or None,
         headers=case.headers or None,

@@ -41,7 +41,10 @@ from tests.generated.strategies import (
     client_refuses,
     integers,
     json_values,
+    long_array_table,
     nasty_text,
+    nested_table,
+    wide_table,
 )
 
 pytestmark = [
@@ -141,6 +144,11 @@ KNOWN_BAD = [
     _case(client="pika", timestamp=2**64 - 1),
     _case(headers={"d": Decimal("-1.5")}),
     _case(timestamp=dt.datetime(2000, 1, 1, tzinfo=dt.UTC), content_encoding="gzip"),
+    # Decoded recursively, these took the worker's connection down for every queue it served.
+    _case(client="pika", raw_headers=nested_table(800)),
+    _case(client="pika", raw_headers=nested_table(18_000, b"FA")),  # near the frame limit
+    _case(client="pika", raw_headers=wide_table(12_000)),
+    _case(client="pika", raw_headers=long_array_table(60_000)),
 ]
 
 
