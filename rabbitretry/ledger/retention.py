@@ -14,9 +14,11 @@ from datetime import datetime, timedelta
 
 from rabbitretry.db import Pool, query
 
-# Shorter windows would forget keys whose duplicates can still arrive (a redelivery after a long
-# broker outage, an outbox relay that resends, a reconciliation window).
-MIN_WINDOW = timedelta(days=1)
+# Shorter windows would forget keys whose duplicates can still arrive: a copy parked in the
+# delay chain comes back up to about 47 hours later (topology.delays.MAX_DELAY_SECONDS; a test
+# keeps this above it), and finds its row only if it is still there; a redelivery after a long
+# broker outage, an outbox relay that resends, a reconciliation window.
+MIN_WINDOW = timedelta(days=3)
 BATCH = 5_000  # rows per statement: short transactions, no long locks on a busy ledger
 
 
@@ -31,8 +33,9 @@ class Pruned:
 def check_window(window: timedelta) -> None:
     if window < MIN_WINDOW:
         raise ValueError(
-            f"a retention window under {MIN_WINDOW.days} day would forget keys whose duplicates "
-            "may still arrive, and the ledger deduplicates only the keys it remembers"
+            f"a retention window under {MIN_WINDOW.days} days would forget keys whose duplicates "
+            "may still arrive (a copy parked in the delay chain comes back up to 47 hours later), "
+            "and the ledger deduplicates only the keys it remembers"
         )
 
 

@@ -1,5 +1,5 @@
 -- The ledger database of rabbitretry, whole: every table, index, constraint, function and
--- trigger of the schema `rabbitretry` as the migrations 0001 to 0008 leave it, in one file to
+-- trigger of the schema `rabbitretry` as the migrations 0001 to 0009 leave it, in one file to
 -- read (what is stored, and why) and to build an empty database from in one step:
 --
 --     psql --single-transaction -f rabbitretry/sql/schema.sql "$RABBITRETRY_DATABASE_URL"
@@ -112,7 +112,7 @@ CREATE FUNCTION rabbitretry.claim(
 LANGUAGE plpgsql AS $$
 DECLARE
     r rabbitretry.ledger%ROWTYPE;
-    lease timestamptz := now() + make_interval(secs => p_lease_seconds);
+    lease timestamptz := clock_timestamp() + make_interval(secs => p_lease_seconds);
 BEGIN
     INSERT INTO rabbitretry.ledger AS l (queue, message_id, status, attempts, max_attempts,
                                          lease_until, payload, headers, properties, exchange,
@@ -129,23 +129,26 @@ BEGIN
 
     SELECT * INTO r FROM rabbitretry.ledger l
     WHERE l.queue = p_queue AND l.message_id = p_message_id FOR UPDATE;
+    -- The row lock may have been waited for (another attempt's final write, a batch): the
+    -- lease and the due checks count from this moment, not from when the statement began.
+    lease := clock_timestamp() + make_interval(secs => p_lease_seconds);
 
     IF r.status IN ('succeeded', 'dead', 'skipped', 'ignored') THEN
         RETURN QUERY SELECT 'finished'::text, r.attempts, r.attempts - r.attempts_forgiven,
                             0::float8, r.status;
         RETURN;
     END IF;
-    IF r.status = 'processing' AND r.lease_until > now() THEN
+    IF r.status = 'processing' AND r.lease_until > clock_timestamp() THEN
         RETURN QUERY SELECT 'busy'::text, r.attempts, r.attempts - r.attempts_forgiven,
-                            extract(epoch FROM r.lease_until - now())::float8, r.status;
+                            extract(epoch FROM r.lease_until - clock_timestamp())::float8, r.status;
         RETURN;
     END IF;
-    IF r.status = 'retrying' AND r.next_retry_at > now() THEN
+    IF r.status = 'retrying' AND r.next_retry_at > clock_timestamp() THEN
         RETURN QUERY SELECT
             CASE WHEN p_copy_attempts < r.attempts AND r.retry_copy_confirmed
                  THEN 'stale' ELSE 'not-due' END,
             r.attempts, r.attempts - r.attempts_forgiven,
-            extract(epoch FROM r.next_retry_at - now())::float8, r.status;
+            extract(epoch FROM r.next_retry_at - clock_timestamp())::float8, r.status;
         RETURN;
     END IF;
 
@@ -445,7 +448,7 @@ $$;
 -- Migrations ---------------------------------------------------------------------------------
 
 -- The migrations applied (rabbitretry.db.migrate writes a row per migration); these rows say
--- that this schema stands for migrations 0001 to 0008.
+-- that this schema stands for migrations 0001 to 0009.
 CREATE TABLE rabbitretry.schema_migration (
     version     integer     PRIMARY KEY,
     name        text        NOT NULL,
@@ -459,4 +462,5 @@ INSERT INTO rabbitretry.schema_migration (version, name) VALUES
     (5, 'operations'),
     (6, 'alerts'),
     (7, 'callbacks'),
-    (8, 'console');
+    (8, 'console'),
+    (9, 'claim_lease');

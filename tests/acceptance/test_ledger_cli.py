@@ -31,7 +31,7 @@ def test_prune_refuses_a_short_window_in_one_line(cli: Cli) -> None:
     result = cli("ledger", "prune", "--older-than", "2h")
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
-    assert "under 1 day" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert "under 3 days" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 def test_prune_explains_a_malformed_window(cli: Cli) -> None:

@@ -279,9 +279,9 @@ def test_prune_refuses_an_hour_saying_why(amqp_url: str, database_url: str) -> N
     done = piped(amqp_url, database_url, "ledger", "prune", "--older-than", "1h")
     assert done.returncode == 2
     assert done.stderr.strip() == (
-        "error: --older-than 1h is too short: a retention window under 1 day would forget keys "
-        "whose duplicates may still arrive, and the ledger deduplicates only the keys it "
-        "remembers"
+        "error: --older-than 1h is too short: a retention window under 3 days would forget keys "
+        "whose duplicates may still arrive (a copy parked in the delay chain comes back up to 47 "
+        "hours later), and the ledger deduplicates only the keys it remembers"
     )
 
 

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from rabbitretry.ledger import retention
 from rabbitretry.topology import delays
 from rabbitretry.topology.model import (
     BindingDeclaration,
@@ -168,3 +169,9 @@ def test_only_the_queue_types_in_use_get_a_chain() -> None:
 def test_the_chain_prefix_is_reserved() -> None:
     with pytest.raises(ValueError, match="delay chain"):
         Topology(queues=[WorkQueue(name="rabbitretry.delay.mine")])
+
+
+def test_retention_outlasts_the_longest_park_in_the_delay_chain() -> None:
+    """A copy parked for the chain's longest delay must still find its row when it comes back,
+    or the ledger would take it for a new message and run it again."""
+    assert retention.MIN_WINDOW.total_seconds() > delays.MAX_DELAY_SECONDS + 86_400
