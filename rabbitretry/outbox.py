@@ -71,7 +71,9 @@ class Outbox:
         body, content_type = encode(payload)
         message_id = message_id or new_message_id()
         # The row stores the caller's trace context: the relay's publish carries it.
-        with tracing.enqueue_span(exchange, routing_key, message_id, headers) as headers:
+        with tracing.enqueue_span(
+            exchange, routing_key, message_id, headers, body_size=len(body)
+        ) as headers:
             await conn.execute(
                 query("outbox_enqueue"),
                 exchange,

@@ -99,7 +99,9 @@ class Publisher:
         if self._channel is None:
             raise RuntimeError("the publisher is not connected: use `async with Publisher(...)`")
         body, default_type = encode(payload)
-        with tracing.publish_span(exchange, routing_key, message_id, headers) as headers:
+        with tracing.publish_span(
+            exchange, routing_key, message_id, headers, body_size=len(body)
+        ) as headers:
             await self._channel.publish(
                 body,
                 exchange=exchange,

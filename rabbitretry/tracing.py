@@ -20,9 +20,10 @@ propagator the application installed):
   child of the same producer span: one trace, with the attempts side by side.
 - A replay (:func:`rabbitretry.operations.dead_letter.replay_one`) opens a PRODUCER span
   ``replay <queue>`` in the operator's current context (a new trace when there is none) with
-  a *link* to the original message's context, and the replayed copy carries the replay's
-  context: the attempts after a replay belong to the replay's trace, which points back to
-  the original one.
+  a *link* to the original message's context. The replayed copy, and the ledger's snapshot,
+  carry the replay's context with the original's baggage (never the operator's): the attempts
+  after a replay, a reconciler's re-drive included, belong to the replay's trace, which
+  points back to the original one, and the handler still sees the producer's baggage.
 """
 
 from __future__ import annotations
@@ -101,25 +102,35 @@ def _tracer() -> Any:
 
 
 def publish_span(
-    exchange: str, routing_key: str, message_id: str, headers: Headers
+    exchange: str,
+    routing_key: str,
+    message_id: str,
+    headers: Headers,
+    *,
+    body_size: int | None = None,
 ) -> contextlib.AbstractContextManager[Headers]:
     """A ``publish`` span around one publish; yields the headers to send (with its context).
 
     A ``traceparent`` the caller put in ``headers`` (forwarding another message's context) is
-    the span's parent; otherwise the caller's current span is.
+    the span's parent; otherwise the caller's current span is. ``body_size``: the body's bytes.
     """
     if not ENABLED:
         return contextlib.nullcontext(headers)
-    return _producer("publish", "send", exchange, routing_key, message_id, headers)
+    return _producer("publish", "send", exchange, routing_key, message_id, headers, body_size)
 
 
 def enqueue_span(
-    exchange: str, routing_key: str, message_id: str, headers: Headers
+    exchange: str,
+    routing_key: str,
+    message_id: str,
+    headers: Headers,
+    *,
+    body_size: int | None = None,
 ) -> contextlib.AbstractContextManager[Headers]:
     """A ``create`` span around an outbox enqueue; yields the headers to store in the row."""
     if not ENABLED:
         return contextlib.nullcontext(headers)
-    return _producer("create", "create", exchange, routing_key, message_id, headers)
+    return _producer("create", "create", exchange, routing_key, message_id, headers, body_size)
 
 
 @contextlib.contextmanager
@@ -130,6 +141,7 @@ def _producer(
     routing_key: str,
     message_id: str,
     headers: Headers,
+    body_size: int | None,
 ) -> Iterator[Headers]:
     parent = propagate.extract(headers or {}, context=otel_context.get_current(), getter=_GETTER)
     attributes: dict[str, Any] = {
@@ -139,6 +151,8 @@ def _producer(
         "messaging.destination.name": exchange or "amq.default",
         "messaging.message.id": storable_text(message_id),
     }
+    if body_size is not None:
+        attributes["messaging.message.body.size"] = body_size
     if routing_key:
         attributes["messaging.rabbitmq.destination.routing_key"] = routing_key
     with _tracer().start_as_current_span(
@@ -309,25 +323,38 @@ _NO_REPLAY: contextlib.nullcontext[Stamp] = contextlib.nullcontext(_identity)
 
 
 def replay_span(
-    queue: str, message_id: str, original_headers: Headers, *, actor: str, edited: bool
+    queue: str,
+    message_id: str,
+    original_headers: Headers,
+    *,
+    actor: str,
+    edited: bool,
+    body_size: int | None = None,
 ) -> contextlib.AbstractContextManager[Stamp]:
     """A PRODUCER span ``replay <queue>`` linked to the original message's context.
 
-    Yields a function that puts the replay's context into the copy's headers (the identity
-    without the extra): the attempts after the replay join the replay's trace.
+    Yields a function that puts the replay's context into headers (the copy's, and the
+    ledger's snapshot, so that every later copy continues the replay's trace). Only the span
+    changes: what else the original carried (the producer's baggage) travels on, and the
+    operator's own baggage is not added, since the handler reads the message's. Without the
+    extra, or without an SDK (no span to stamp), it is the identity.
     """
     if not ENABLED:
         return _NO_REPLAY
-    return _replay(queue, message_id, original_headers, actor=actor, edited=edited)
+    return _replay(queue, message_id, original_headers, actor, edited, body_size)
 
 
 @contextlib.contextmanager
 def _replay(
-    queue: str, message_id: str, original_headers: Headers, *, actor: str, edited: bool
+    queue: str,
+    message_id: str,
+    original_headers: Headers,
+    actor: str,
+    edited: bool,
+    body_size: int | None,
 ) -> Iterator[Stamp]:
-    original = trace.get_current_span(
-        propagate.extract(original_headers or {}, context=Context(), getter=_GETTER)
-    ).get_span_context()
+    received = propagate.extract(original_headers or {}, context=Context(), getter=_GETTER)
+    original = trace.get_current_span(received).get_span_context()
     links = [Link(original, {"rabbitretry.link": "replayed-message"})] if original.is_valid else []
     attributes: dict[str, Any] = {
         "messaging.system": SYSTEM,
@@ -339,8 +366,16 @@ def _replay(
         "rabbitretry.replay.actor": actor,
         "rabbitretry.replay.edited": edited,
     }
+    if body_size is not None:
+        attributes["messaging.message.body.size"] = body_size
     with _tracer().start_as_current_span(
         f"replay {queue}", kind=SpanKind.PRODUCER, links=links, attributes=attributes
     ) as span:
-        context = trace.set_span_in_context(span)
+        if not span.get_span_context().is_valid:
+            # No SDK: stamping would only drop the original's context and add the operator's
+            # baggage; the copy keeps what the message carried.
+            yield _identity
+            return
+        # The message's own context with the span replaced: the producer's baggage stays.
+        context = trace.set_span_in_context(span, received)
         yield lambda headers: _stamped(headers, context)

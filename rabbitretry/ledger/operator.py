@@ -8,10 +8,12 @@ write each message's audit row themselves, so the audit never disagrees with the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from rabbitretry.db import Connection, query
 from rabbitretry.ledger.statements import Key
+from rabbitretry.message.storable import encode_table
 
 
 async def ignore(conn: Connection, key: Key) -> str | None:
@@ -51,9 +53,13 @@ async def set_payload(conn: Connection, key: Key, body: bytes) -> None:
     await conn.execute(query("operations_set_payload"), key.queue, key.message_id, body)
 
 
-async def mark_replayed(conn: Connection, key: Key) -> None:
-    """Give a locked dead letter a fresh attempt budget: it is ``retrying`` again."""
-    await conn.execute(query("mark_replayed"), key.queue, key.message_id)
+async def mark_replayed(conn: Connection, key: Key, headers: Mapping[str, Any]) -> None:
+    """Give a locked dead letter a fresh attempt budget: it is ``retrying`` again.
+
+    ``headers`` replace the snapshot's: those of the replayed copy (the replay's trace
+    context), which every later copy published from the ledger carries.
+    """
+    await conn.execute(query("mark_replayed"), key.queue, key.message_id, encode_table(headers))
 
 
 def _rows(status: str) -> int:

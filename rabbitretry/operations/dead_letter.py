@@ -41,28 +41,37 @@ async def replay_one(
         if row is None:
             return False
         snapshot = ledger.snapshot_of(row)
-        if body is not None:
-            await operator.set_payload(conn, key, body)
-        await operator.mark_replayed(conn, key)
-        await conn.execute(
-            query("operations_audit"),
-            actor,
-            "replay" if body is None else "edit-replay",
+        replayed = snapshot.body if body is None else body
+        with tracing.replay_span(
             key.queue,
             key.message_id,
-            _detail(row, edited_from=snapshot.body if body is not None else None),
-            1,
-            comment,
-            batch,
-        )
-        with tracing.replay_span(
-            key.queue, key.message_id, snapshot.headers, actor=actor, edited=body is not None
+            snapshot.headers,
+            actor=actor,
+            edited=body is not None,
+            body_size=len(replayed),
         ) as traced:
+            # The ledger keeps the replay's context: a re-drive of this copy, like the
+            # worker's copies of it, continues the replay's trace, not the original one.
+            replayed_headers = traced(dict(snapshot.headers))
+            if body is not None:
+                await operator.set_payload(conn, key, body)
+            await operator.mark_replayed(conn, key, replayed_headers)
+            await conn.execute(
+                query("operations_audit"),
+                actor,
+                "replay" if body is None else "edit-replay",
+                key.queue,
+                key.message_id,
+                _detail(row, edited_from=snapshot.body if body is not None else None),
+                1,
+                comment,
+                batch,
+            )
             await publisher.publish(
-                snapshot.body if body is None else body,
+                replayed,
                 routing_key=key.queue,
                 message_id=key.message_id,
-                headers=traced(headers.republished(snapshot.headers, row["attempts"])),
+                headers=headers.republished(replayed_headers, row["attempts"]),
                 properties=headers.copy_properties(snapshot.properties),
             )
     return True

@@ -57,9 +57,11 @@ SELECT $2, 'unignore', queue, message_id, jsonb_build_object('undoes', $1::text)
 FROM undone;
 
 -- name: mark_replayed
--- Gives a dead letter a fresh attempt budget; its copy is already confirmed on the work queue.
+-- Gives a dead letter a fresh attempt budget; its copy is published in the same transaction.
+-- The snapshot's headers become the replayed copy's ($3, the replay's trace context), so
+-- that a re-drive continues the replay's trace, as the worker's copies of that copy do.
 UPDATE rabbitretry.ledger
 SET status = 'retrying', next_retry_at = now(), retry_copy_confirmed = true,
     attempts_forgiven = attempts, replays = replays + 1, finished_at = NULL, reason = NULL,
-    updated_at = now()
+    headers = $3::jsonb, updated_at = now()
 WHERE queue = $1 AND message_id = $2 AND status = 'dead';

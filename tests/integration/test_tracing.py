@@ -12,15 +12,19 @@ from typing import Any
 import aio_pika
 import asyncpg
 import pytest
+from opentelemetry import baggage
+from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind, StatusCode
 from pydantic import BaseModel
 
-from rabbitretry import Consumer, Context, RetryPolicy, operations
+from rabbitretry import Consumer, Context, Permanent, RetryPolicy, operations
 from rabbitretry.ledger import Key
 from rabbitretry.outbox import Outbox
 from rabbitretry.publisher import Publisher
+from rabbitretry.reconcile.reconciler import Reconciler
+from rabbitretry.topology import delays
 from tests.integration.dead_harness import Switch, orders_consumer
-from tests.integration.harness import running_worker, wait_status
+from tests.integration.harness import running_worker, wait_for, wait_status
 from tests.integration.test_outbox import running_relay
 from tests.otel import Spans, capturing, parent_id, span_id, trace_id
 
@@ -75,6 +79,8 @@ async def test_a_published_message_is_processed_in_the_publishers_trace(
     assert publish.attributes is not None and process.attributes is not None
     assert publish.attributes["messaging.destination.name"] == "amq.default"
     assert publish.attributes["messaging.rabbitmq.destination.routing_key"] == queue_name
+    body_size = process.attributes["messaging.message.body.size"]
+    assert publish.attributes["messaging.message.body.size"] == body_size == len(b'{"n":1}')
     assert {
         key: process.attributes.get(key)
         for key in (
@@ -184,6 +190,103 @@ async def test_a_replay_links_to_the_original_and_starts_the_next_attempts_trace
     assert parent_id(after) == span_id(replay) and trace_id(after) == trace_id(replay)
     assert after.attributes is not None
     assert after.attributes["rabbitretry.outcome"] == "succeeded"
+    # The ledger's snapshot keeps the replay's context, for the copies published from it.
+    stored = await pool.fetchval(
+        "SELECT headers ->> 'traceparent' FROM rabbitretry.ledger"
+        " WHERE queue = $1 AND message_id = 'o-7'",
+        queue_name,
+    )
+    assert stored.startswith(f"00-{trace_id(replay):032x}-{span_id(replay):016x}-")
+
+
+def scripted_consumer(queue: str, script: list[str], seen: list[dict[str, object]]) -> Any:
+    """A consumer whose attempts do what ``script`` says, in turn (``dead``, ``retry``, ``ok``),
+    and note the baggage current in the handler."""
+
+    class Scripted(Consumer[Job]):
+        async def handle(self, msg: Job, ctx: Context) -> None:
+            seen.append(dict(baggage.get_all()))
+            step = script.pop(0)
+            if step == "dead":
+                raise Permanent("not yet")
+            if step == "retry":
+                raise TimeoutError("downstream slow")
+
+    Scripted.queue = queue
+    Scripted.retry = RetryPolicy(max_attempts=3, initial_delay=1.0, jitter=0.0)
+    return Scripted
+
+
+async def test_after_a_replay_the_retry_and_the_redrive_stay_in_the_replays_trace(
+    amqp_url: str,
+    database_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+    spans: Spans,
+) -> None:
+    """Dead, replayed, retried, its retry copy lost and re-driven by the reconciler: every
+    attempt after the replay is in the replay's trace, and sees the producer's baggage."""
+    seen: list[dict[str, object]] = []
+    consumer = scripted_consumer(queue_name, ["dead", "retry", "ok"], seen)
+    cleanup.append(consumer)
+    async with running_worker([consumer], amqp_url, database_url):
+        token = otel_context.attach(baggage.set_baggage("tenant", "t1"))
+        try:
+            async with Publisher(amqp_url) as publisher:
+                await publisher.publish("", {"n": 1}, routing_key=queue_name, message_id="t-1")
+        finally:
+            otel_context.detach(token)
+        await wait_status(pool, queue_name, "t-1", "dead")
+        # The broker will lose the retry's delay copy, at the end of the delay chain.
+        await _unbind_from_the_delay_chain(amqp_url, queue_name)
+
+        async with operations.sender(amqp_url) as sender:
+            report = await operations.replay(pool, sender, [Key(queue_name, "t-1")], actor="op")
+        assert report.replayed == 1
+
+        async def overdue() -> bool:
+            return bool(
+                await pool.fetchval(
+                    "SELECT status = 'retrying' AND next_retry_at < now() - interval '1 second'"
+                    " FROM rabbitretry.ledger WHERE queue = $1 AND message_id = 't-1'",
+                    queue_name,
+                )
+            )
+
+        await wait_for(overdue)
+        reconciler = Reconciler(pool, amqp_url, grace=1.0)
+        try:
+            assert (await reconciler.run_once()).retries_redriven == 1
+        finally:
+            await reconciler.close()
+        await wait_status(pool, queue_name, "t-1", "succeeded")
+        died, retried, redriven = await spans.wait_named(f"process {queue_name}", 3)
+
+    (publish,) = spans.named(f"publish {queue_name}")
+    (replay,) = spans.named(f"replay {queue_name}")
+    assert [span.attributes["rabbitretry.outcome"] for span in (died, retried, redriven)] == [
+        "dead",
+        "retrying",
+        "succeeded",
+    ]
+    assert trace_id(died) == trace_id(publish) != trace_id(replay)
+    # Both attempts after the replay are its children: the retry (a copy of the replayed
+    # copy) and the re-drive (published from the ledger's snapshot).
+    assert parent_id(retried) == parent_id(redriven) == span_id(replay)
+    assert trace_id(retried) == trace_id(redriven) == trace_id(replay)
+    # The producer's baggage reaches the handler on every attempt, the replay's included.
+    assert seen == [{"tenant": "t1"}] * 3
+
+
+async def _unbind_from_the_delay_chain(amqp_url: str, queue: str) -> None:
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        channel = await connection.channel()
+        work = await channel.declare_queue(queue, passive=True)
+        await work.unbind(delays.DELIVER_EXCHANGE, routing_key=delays.deliver_key(queue))
+    finally:
+        await connection.close()
 
 
 async def test_an_outbox_message_is_processed_in_the_enqueuers_trace(

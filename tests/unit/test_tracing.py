@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -11,6 +12,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from opentelemetry import baggage
+from opentelemetry import context as otel_context
 from opentelemetry.trace import StatusCode
 
 from rabbitretry import tracing
@@ -171,6 +174,66 @@ def test_replay_of_a_message_without_context_has_no_link(spans: Spans) -> None:
     (replay,) = spans.named("replay jobs")
     assert replay.links == () or list(replay.links) == []
     assert "traceparent" in copy
+
+
+@contextlib.contextmanager
+def operator_baggage(**entries: str) -> Iterator[None]:
+    """``entries`` as the baggage of the current context (the operator's, for a replay)."""
+    context = otel_context.get_current()
+    for name, value in entries.items():
+        context = baggage.set_baggage(name, value, context)
+    token = otel_context.attach(context)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+@pytest.mark.parametrize(
+    ("original", "kept"),
+    [
+        ({"baggage": "tenant=t1"}, "tenant=t1"),  # the producer's baggage travels on
+        ({}, None),  # and the operator's never joins the message
+    ],
+)
+def test_a_replayed_copy_carries_the_producers_baggage_not_the_operators(
+    spans: Spans, original: dict[str, str], kept: str | None
+) -> None:
+    headers = {"traceparent": PARENT, **original}
+    with (
+        operator_baggage(operator="alice"),
+        tracing.replay_span("jobs", "m-1", headers, actor="op", edited=False) as stamp,
+    ):
+        copy = stamp(dict(headers))
+    (replay,) = spans.named("replay jobs")
+    assert copy["traceparent"].startswith(f"00-{trace_id(replay):032x}-{span_id(replay):016x}-")
+    assert copy.get("baggage") == kept
+
+
+def test_without_an_sdk_a_replayed_copy_keeps_its_headers() -> None:
+    """With the API alone the replay has no context of its own to stamp: the copy keeps the
+    original's (so a worker with an SDK still continues the original trace)."""
+    headers = {"traceparent": PARENT, "baggage": "tenant=t1"}
+    with (
+        operator_baggage(operator="alice"),
+        tracing.replay_span("jobs", "m-1", headers, actor="op", edited=False) as stamp,
+    ):
+        copy = stamp(dict(headers))
+    assert copy == headers
+
+
+def test_producer_spans_carry_the_body_size(spans: Spans) -> None:
+    with tracing.publish_span("", "jobs", "m", None, body_size=12):
+        pass
+    with tracing.enqueue_span("", "jobs", "m", None, body_size=7):
+        pass
+    with tracing.replay_span("jobs", "m", {}, actor="op", edited=False, body_size=0):
+        pass
+    sizes = {
+        span.name: (span.attributes or {}).get("messaging.message.body.size")
+        for span in spans.all()
+    }
+    assert sizes == {"publish jobs": 12, "create jobs": 7, "replay jobs": 0}
 
 
 @pytest.mark.parametrize(
