@@ -5,6 +5,10 @@
 :func:`configure`. The library itself never configures logging: an application that runs a
 :class:`~rabbitretry.Worker` keeps its own handlers, and can use :class:`JsonFormatter` in them.
 
+The AMQP libraries (:data:`QUIET_LIBRARIES`) log a routine loss of the broker connection as a
+dozen errors with tracebacks; rabbitretry says it once itself, and demotes their lines to DEBUG
+with :func:`demote` (``rabbitretry.amqp`` installs it when it connects).
+
 Log records of the delivery path carry structured fields (``extra``): ``queue``,
 ``message_id``, ``attempt``, ``outcome``, ``reason``, ``duration`` and ``worker``, as far as
 they are known when the line is logged. The JSON format writes them as keys of their own.
@@ -15,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, TextIO
@@ -104,3 +109,46 @@ def configure(verbose: bool = False, *, stream: TextIO | None = None) -> logging
     # Python's warnings are printed as text; in JSON, every line of the stream must be JSON.
     logging.captureWarnings(_chosen_format is Format.json)
     return handler
+
+
+class Demote(logging.Filter):
+    """A logger filter that lowers the records ``is_noise`` picks to DEBUG.
+
+    A logger checks its level before its filters, so a demoted record would still reach
+    handlers that show everything: it is dropped instead unless its logger is enabled for
+    DEBUG, where it is kept, as DEBUG, with its traceback.
+    """
+
+    def __init__(self, is_noise: Callable[[logging.LogRecord], bool]) -> None:
+        super().__init__()
+        self.is_noise = is_noise
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno <= logging.DEBUG or not self._noise(record):
+            return True
+        if not logging.getLogger(record.name).isEnabledFor(logging.DEBUG):
+            return False
+        record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return True
+
+    def _noise(self, record: logging.LogRecord) -> bool:
+        try:
+            return self.is_noise(record)
+        except Exception:  # a filter that raises would lose the record: keep it as it is
+            return False
+
+
+def demote(libraries: Iterable[str], is_noise: Callable[[logging.LogRecord], bool]) -> None:
+    """Demote the records ``is_noise`` picks (:class:`Demote`) on every logger of
+    ``libraries`` that exists now (a logger's filters see only its own records, not its
+    children's), once per logger; loggers the libraries create later are not covered."""
+    prefixes = tuple(libraries)
+    names = [
+        name
+        for name in list(logging.root.manager.loggerDict)
+        if name in prefixes or name.startswith(tuple(f"{p}." for p in prefixes))
+    ]
+    for name in dict.fromkeys([*prefixes, *names]):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, Demote) and f.is_noise is is_noise for f in logger.filters):
+            logger.addFilter(Demote(is_noise))

@@ -12,6 +12,9 @@ An AMQP setting may name several nodes of a cluster: several URLs separated by c
 (``amqp://u:p@node1:5672/,amqp://u:p@node2:5672/``). :func:`split_urls` cuts such a list only
 before a scheme, so a comma inside a password stays where it is; :func:`check_amqp_urls`
 checks each, and :func:`mask_url` masks each.
+
+An AMQP URL's ``heartbeat=N`` (seconds, 0 to 65535; 0 turns heartbeats off) is checked too: the
+client would take anything else for 0. :func:`with_heartbeat` adds one to a URL without it.
 """
 
 from __future__ import annotations
@@ -111,6 +114,7 @@ def scrub(text: str, url: str) -> str:
 def check_amqp_url(url: str, source: str = "the AMQP URL") -> Endpoint:
     """``url`` checked as an AMQP URL; a :class:`ConfigurationError` naming ``source`` if not."""
     scheme, user, hosts, path = _split(url, source, AMQP_SCHEMES, AMQP_SHAPE, several=False)
+    amqp_heartbeat(url, source)
     vhost = unquote(path[1:]) if len(path) > 1 else "/"
     default_port = 5671 if scheme == "amqps" else 5672
     address = ",".join(_address(host, port or default_port) for host, port in hosts)
@@ -120,6 +124,46 @@ def check_amqp_url(url: str, source: str = "the AMQP URL") -> Endpoint:
 def check_amqp_urls(text: str, source: str = "the AMQP URL") -> list[Endpoint]:
     """Each URL of a comma-separated list of AMQP URLs (a cluster's nodes), checked in order."""
     return [check_amqp_url(url, source) for url in split_urls(text)]
+
+
+MAX_HEARTBEAT = 65535
+
+
+def amqp_heartbeat(url: str, source: str = "the AMQP URL") -> int | None:
+    """The ``heartbeat=`` of an AMQP URL's query, in seconds (None: it sets none).
+
+    Anything but a whole number from 0 to 65535 is a :class:`ConfigurationError`: the client
+    would silently take it for 0, which turns heartbeats off."""
+    text = query_value(url, "heartbeat")
+    if text is None:
+        return None
+    if not (text.isascii() and text.isdigit() and int(text) <= MAX_HEARTBEAT):
+        raise ConfigurationError(
+            f"{source} ({mask_url(url)}) has heartbeat={text!r}: write a whole number of "
+            f"seconds from 0 to {MAX_HEARTBEAT} (0 turns heartbeats off)"
+        )
+    return int(text)
+
+
+def with_heartbeat(url: str, seconds: int) -> str:
+    """``url`` with ``heartbeat=seconds`` added to its query, unless it sets a heartbeat."""
+    if query_value(url, "heartbeat") is not None:
+        return url
+    head, hash_mark, fragment = url.partition("#")
+    separator = "&" if "?" in head else "?"
+    if head.endswith(("?", "&")):
+        separator = ""
+    return f"{head}{separator}heartbeat={seconds}{hash_mark}{fragment}"
+
+
+def query_value(url: str, name: str) -> str | None:
+    """The (percent-decoded) value of query parameter ``name`` in ``url``; None if absent."""
+    query = url.partition("?")[2].partition("#")[0]
+    for pair in query.split("&"):
+        key, _, value = pair.partition("=")
+        if unquote(key) == name:
+            return unquote(value)
+    return None
 
 
 def check_database_url(url: str, source: str = "the database URL") -> Endpoint:

@@ -1,7 +1,8 @@
 """Everything that talks to aio-pika: the only package that imports it (import-linter checks).
 
 - :mod:`~rabbitretry.amqp.connection`: connecting (one URL or a cluster's several, failing over
-  between them), why a connection could not be made, and the types aio-pika hands out;
+  between them, with a bounded heartbeat), why a connection could not be made, a lost
+  connection said once (the libraries' own lines demoted), and the types aio-pika hands out;
 - :mod:`~rabbitretry.amqp.probe`: declarations the broker may refuse (:class:`Prober`);
 - :mod:`~rabbitretry.amqp.confirms`: publishing with confirms and ``mandatory``
   (:class:`ConfirmingPublisher`);
@@ -17,11 +18,14 @@ from rabbitretry.amqp.confirms import ConfirmingPublisher
 from rabbitretry.amqp.connection import (
     CHANNEL_ERRORS,
     CONNECT_TIMEOUT,
+    HEARTBEAT,
     Channel,
     Connection,
     FailoverConnection,
     IncomingMessage,
     connect,
+    error_text,
+    is_connection_loss_noise,
     is_up,
     node_url,
 )
@@ -35,6 +39,7 @@ lenient_frames.install()
 __all__ = [
     "CHANNEL_ERRORS",
     "CONNECT_TIMEOUT",
+    "HEARTBEAT",
     "Channel",
     "ConfirmingPublisher",
     "Connection",
@@ -43,6 +48,8 @@ __all__ = [
     "ProbeOutcome",
     "Prober",
     "connect",
+    "error_text",
+    "is_connection_loss_noise",
     "is_up",
     "message_properties",
     "node_url",

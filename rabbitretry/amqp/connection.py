@@ -4,6 +4,11 @@ why a connection could not be made, in the broker's terms.
 Consuming and publishing use separate connections: a broker under a memory or disk alarm
 blocks publishing connections, and the acks sent on them, so a publisher must never share a
 connection with consumers.
+
+A lost connection is routine (a node stops, the broker restarts, the network blips): it is
+logged as one WARNING when it goes and one INFO line when it is back, by
+:class:`FailoverConnection`. The AMQP libraries' own lines about it (errors with tracebacks from
+every channel's close callback) are demoted to DEBUG by a filter :func:`connect` installs.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import contextlib
 import errno
 import logging
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +27,7 @@ import aiormq
 import yarl
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
 
-from rabbitretry import urls
+from rabbitretry import logs, urls
 from rabbitretry.errors import ConfigurationError, ServiceUnavailable
 
 log = logging.getLogger("rabbitretry.amqp")
@@ -44,6 +50,15 @@ CHANNEL_ERRORS = (
 CONNECT_TIMEOUT = 10.0
 """Seconds the first connection may take; a broker that does not answer by then is an error."""
 
+HEARTBEAT = 10
+"""Seconds: the AMQP heartbeat asked for unless the URL sets ``heartbeat=`` (0 turns it off).
+
+The broker drops a connection that stays silent for about 2.5 heartbeats, and only then
+redelivers its unacknowledged messages: a hung (not dead) worker holds its deliveries about
+25 s at 10 s, against minutes at the client's own default of 60 s. RabbitMQ advises against
+values under 5 s (false alarms on a busy host). A handler that blocks the event loop for longer
+than that loses its connection: the broker redelivers, the ledger's lease decides."""
+
 
 async def connect(url: str, *, name: str = "rabbitretry") -> Connection:
     """A robust connection (it reconnects and restores channels); a clear error if none.
@@ -60,6 +75,7 @@ async def connect(url: str, *, name: str = "rabbitretry") -> Connection:
     """
     nodes = urls.split_urls(url)
     endpoints = urls.check_amqp_urls(url)
+    _demote_connection_loss_lines()
     reasons = []
     for start, (node_url, endpoint) in enumerate(zip(nodes, endpoints, strict=True)):
         connection = await _connect_from(nodes, start, name)
@@ -78,9 +94,7 @@ async def _connect_from(nodes: list[str], start: int, name: str) -> Connection |
     that connection failed."""
     url = nodes[start]
     try:
-        connection = FailoverConnection(
-            [yarl.URL(node) for node in nodes], start, client_properties={"connection_name": name}
-        )
+        connection = FailoverConnection(nodes, start, client_properties={"connection_name": name})
     except ValueError as error:  # a query parameter aio-pika cannot read
         raise ConfigurationError(
             f"the AMQP URL {urls.mask_url(url)} is not usable: {urls.scrub(str(error), url)}"
@@ -104,13 +118,32 @@ class FailoverConnection(aio_pika.RobustConnection):
 
     aio-pika's own robust connection retries one URL for ever, which keeps a worker idle for
     as long as its node is down although the queues (quorum, replicated) are served by the
-    others. Query options (heartbeat, timeouts) are read from the first URL.
+    others. Each node's URL is dialled with the heartbeat of the first URL (or
+    :data:`HEARTBEAT`) unless it sets its own; the other query options (timeouts) are read
+    from the first URL.
+
+    A loss is logged once, as a WARNING naming the connection, the node and the broker's
+    reason; the attempts that fail while it reconnects at DEBUG; and its return as one INFO
+    line naming the node that took over and how long it took.
     """
 
-    def __init__(self, nodes: list[yarl.URL], start: int, **kwargs: Any) -> None:
-        super().__init__(nodes[start], **kwargs)
-        self._nodes = nodes
+    def __init__(self, nodes: list[str], start: int, **kwargs: Any) -> None:
+        heartbeat = urls.amqp_heartbeat(nodes[0])
+        dialled = [
+            yarl.URL(urls.with_heartbeat(node, HEARTBEAT if heartbeat is None else heartbeat))
+            for node in nodes
+        ]
+        super().__init__(dialled[start], **kwargs)
+        self._nodes = dialled
+        self._shown = [urls.mask_url(node) for node in nodes]
         self._node = start
+        self._name = str((kwargs.get("client_properties") or {}).get("connection_name", ""))
+        self._lost_at: float | None = None
+
+    @property
+    def node(self) -> str:
+        """The URL (password masked, as given) of the node this connection is on, or tries."""
+        return self._shown[self._node]
 
     async def _on_connection_close(self, closing: asyncio.Future[Any]) -> None:
         await super()._on_connection_close(closing)
@@ -118,11 +151,63 @@ class FailoverConnection(aio_pika.RobustConnection):
         # this object (connect() tries the next node with a new one).
         if self.close_called or self.is_closed or not self.connection_attempt:
             return
-        if len(self._nodes) == 1:
+        left = self.node
+        if len(self._nodes) > 1:
+            self._node = (self._node + 1) % len(self._nodes)
+            self.url = self._nodes[self._node]
+        self._log_loss(left, _closing_reason(closing))
+
+    async def _on_connected(self) -> None:
+        await super()._on_connected()
+        if self._lost_at is not None:
+            log.info(
+                "RabbitMQ connection %r is back, on %s, after %.1f s",
+                self._name,
+                self.node,
+                time.monotonic() - self._lost_at,
+            )
+            self._lost_at = None
+
+    def _log_loss(self, left: str, reason: str) -> None:
+        moving = f"; next attempt at {self.node}" if len(self._nodes) > 1 else ""
+        if self._lost_at is not None:  # an attempt failed while reconnecting
+            log.debug(
+                "RabbitMQ connection %r: %s did not answer (%s)%s", self._name, left, reason, moving
+            )
             return
-        self._node = (self._node + 1) % len(self._nodes)
-        self.url = self._nodes[self._node]
-        log.warning("RabbitMQ connection lost or refused; next attempt at %s", node_url(self))
+        self._lost_at = time.monotonic()
+        log.warning(
+            "RabbitMQ connection %r to %s lost (%s); reconnecting%s",
+            self._name,
+            left,
+            reason,
+            moving,
+        )
+
+
+def _closing_reason(closing: asyncio.Future[Any]) -> str:
+    """Why a connection closed, from the future aio-pika hands its close callbacks."""
+    if closing.cancelled():
+        return "cancelled"
+    error = closing.exception()
+    return "closed" if error is None else error_text(error)
+
+
+def error_text(error: BaseException) -> str:
+    """An error in one line, for a log: its type, and its text when it has one (a broker's
+    refusal as its reply text and code, as ``CONNECTION_FORCED - ... (reply code 320)``)."""
+    args = error.args
+    if (
+        isinstance(error, aiormq.exceptions.AMQPError)
+        and len(args) == 2
+        and isinstance(args[0], int)
+        and isinstance(args[1], str)
+    ):
+        return f"{args[1]} (reply code {args[0]})"
+    text = str(error)
+    if not text and isinstance(error, aiormq.exceptions.ChannelInvalidStateError):
+        text = "the channel is closed"  # aio-pika raises it bare for a closed channel
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _why_not_connected(error: Exception, url: str, endpoint: urls.Endpoint) -> str:
@@ -188,8 +273,44 @@ def _quiet_transport_errors() -> Iterator[None]:
         logger.removeFilter(quiet)
 
 
+# What the AMQP libraries log about a lost connection, with no exception to tell it by.
+_LOSS_LINES = (
+    "Unexpected connection close from remote",  # aiormq: the broker's Connection.Close
+    "Connection to %s closed. Reconnecting",  # aio-pika
+    'Connection attempt to "%s" cancelled',  # aio-pika
+)
+
+
+def _is_lost_connection(error: BaseException) -> bool:
+    """True for what a lost connection or a channel closed under it raises; not for a
+    refusal about one message, a decoding failure or a bug."""
+    if isinstance(error, OSError | EOFError | aiormq.exceptions.ChannelInvalidStateError):
+        return True  # ConnectionError and aiormq's AMQPConnectionError are OSErrors
+    # aiormq: opening a channel on a closed connection ("<Connection ...> closed").
+    return type(error) is RuntimeError and str(error).endswith(" closed")
+
+
+def is_connection_loss_noise(record: logging.LogRecord) -> bool:
+    """True for an AMQP library's record about a lost connection: the broker's close, the
+    reader that stopped, every channel's close callback failing, each failed reconnect.
+    rabbitretry says it once (:class:`FailoverConnection`)."""
+    if isinstance(record.msg, str) and record.msg.startswith(_LOSS_LINES):
+        return True
+    errors = [record.exc_info[1]] if record.exc_info and record.exc_info[1] else []
+    if isinstance(record.args, tuple):
+        errors += [arg for arg in record.args if isinstance(arg, BaseException)]
+    return any(_is_lost_connection(error) for error in errors)
+
+
+def _demote_connection_loss_lines() -> None:
+    """Demote the AMQP libraries' lines about a lost connection to DEBUG (idempotent)."""
+    logs.demote(logs.QUIET_LIBRARIES, is_connection_loss_noise)
+
+
 def node_url(connection: Connection) -> str:
     """The URL (password masked) of the node ``connection`` is on, or was last on."""
+    if isinstance(connection, FailoverConnection):
+        return connection.node
     return urls.mask_url(str(getattr(connection, "url", "")))
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -10,7 +9,14 @@ import typer
 from rich.table import Table
 
 from rabbitretry import db
-from rabbitretry.cli.common import DatabaseOption, out, parse_time, run_async, settings
+from rabbitretry.cli.common import (
+    DatabaseOption,
+    out,
+    parse_time,
+    print_json,
+    run_async,
+    settings,
+)
 from rabbitretry.db import query
 from rabbitretry.monitoring import heartbeat, levels
 from rabbitretry.monitoring.thresholds import RETRIED_OVER, Breach, Report, Thresholds, evaluate
@@ -89,7 +95,7 @@ async def status(
         await pool.close()
     report = evaluate(measured, beats, now, limits, seconds)
     if as_json:
-        print(json.dumps(report.as_json(), indent=2))
+        print_json(report.as_json())
     else:
         _print(report)
     if not report.healthy:

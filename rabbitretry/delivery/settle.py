@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from rabbitretry.amqp import CHANNEL_ERRORS, IncomingMessage
+from rabbitretry.amqp import CHANNEL_ERRORS, IncomingMessage, error_text
 
 log = logging.getLogger("rabbitretry.worker")
 
@@ -26,6 +26,6 @@ async def settle(message: IncomingMessage, *, requeue: bool) -> None:
         log.info(
             "delivery %s could not be settled (%s); the broker redelivers it",
             message.message_id,
-            error,
+            error_text(error),
             extra={"message_id": message.message_id},
         )

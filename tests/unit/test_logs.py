@@ -158,3 +158,61 @@ def test_completion_completes_commands() -> None:
     }
     result = CliRunner().invoke(app, [], env=env, prog_name="rabbitretry")
     assert result.output.split() == ["replay"]
+
+
+# --- demoting a library's noise --------------------------------------------------------------
+
+
+def noisy(record: logging.LogRecord) -> bool:
+    return "noise" in str(record.msg)
+
+
+@pytest.fixture
+def library() -> Iterator[logging.Logger]:
+    """A logger tree of its own (``fake_library`` and a child), its filters removed after."""
+    parent, child = logging.getLogger("fake_library"), logging.getLogger("fake_library.io")
+    yield child
+    for logger in (parent, child):
+        logger.filters.clear()
+        logger.setLevel(logging.NOTSET)
+
+
+def test_a_demoted_record_is_debug_where_debug_is_shown(
+    library: logging.Logger, caplog: pytest.LogCaptureFixture
+) -> None:
+    logs.demote(["fake_library"], noisy)
+    logs.demote(["fake_library"], noisy)  # installed once
+    assert len(library.filters) == 1
+    caplog.set_level(logging.DEBUG)
+    try:
+        raise ConnectionError("gone")
+    except ConnectionError:
+        library.exception("noise: the connection closed")
+    library.error("a real error")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("DEBUG", "noise: the connection closed"),
+        ("ERROR", "a real error"),
+    ]
+    assert caplog.records[0].exc_info is not None  # the traceback is kept for debugging
+
+
+def test_a_demoted_record_is_dropped_where_debug_is_not_shown(
+    library: logging.Logger, caplog: pytest.LogCaptureFixture
+) -> None:
+    logs.demote(["fake_library"], noisy)
+    caplog.set_level(logging.DEBUG)  # the handler shows everything it is given
+    library.setLevel(logging.WARNING)  # as logs.configure() sets the AMQP libraries
+    library.error("noise: the connection closed")
+    library.warning("a real warning")
+    assert [r.getMessage() for r in caplog.records] == ["a real warning"]
+
+
+def test_a_predicate_that_fails_keeps_the_record(
+    library: logging.Logger, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(record: logging.LogRecord) -> bool:
+        raise AttributeError("a repr that fails")
+
+    logs.demote(["fake_library"], broken)
+    library.error("noise, kept as it is")
+    assert [r.levelname for r in caplog.records] == ["ERROR"]

@@ -9,6 +9,7 @@ import pytest
 from rabbitretry.errors import ConfigurationError
 from rabbitretry.urls import (
     Endpoint,
+    amqp_heartbeat,
     check_amqp_url,
     check_amqp_urls,
     check_database_url,
@@ -16,6 +17,7 @@ from rabbitretry.urls import (
     password_of,
     scrub,
     split_urls,
+    with_heartbeat,
 )
 
 # --- mask_url: total ---------------------------------------------------------------------
@@ -253,3 +255,40 @@ def test_every_password_of_a_list_is_masked_and_scrubbed() -> None:
     assert "pw" not in mask_url("amqp://u:pw,x://@h/")
     # A PostgreSQL host list is one URL, not several.
     assert mask_url("postgresql://u:pw@h1:1,h2:2/db") == "postgresql://u:***@h1:1,h2:2/db"
+
+
+# --- the heartbeat of an AMQP URL ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "dialled"),
+    [
+        ("amqp://u:p@h:5672/", "amqp://u:p@h:5672/?heartbeat=10"),
+        ("amqp://u:p@h:5672/v?timeout=5", "amqp://u:p@h:5672/v?timeout=5&heartbeat=10"),
+        ("amqp://u:p@h/?", "amqp://u:p@h/?heartbeat=10"),
+        ("amqp://u:p@h/#x", "amqp://u:p@h/?heartbeat=10#x"),
+        # A heartbeat the URL sets is kept, 0 (off) included.
+        ("amqp://u:p@h/?heartbeat=30", "amqp://u:p@h/?heartbeat=30"),
+        ("amqp://u:p@h/?timeout=5&heartbeat=0", "amqp://u:p@h/?timeout=5&heartbeat=0"),
+    ],
+)
+def test_a_url_without_a_heartbeat_gets_the_default(url: str, dialled: str) -> None:
+    assert with_heartbeat(url, 10) == dialled
+    assert check_amqp_url(dialled) == check_amqp_url(url)
+
+
+def test_the_heartbeat_a_url_sets_is_read() -> None:
+    assert amqp_heartbeat("amqp://h/") is None
+    assert amqp_heartbeat("amqp://h/?heartbeat=7") == 7
+    assert amqp_heartbeat("amqp://h/?timeout=1&heartbeat=0") == 0
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "1.5", "65536", "", "\uff11\uff10"])
+def test_a_heartbeat_that_is_not_a_number_of_seconds_is_refused(value: str) -> None:
+    # aiormq would take any of these for 0, which turns heartbeats off without a word.
+    with pytest.raises(ConfigurationError) as raised:
+        check_amqp_url(f"amqp://u:s3cret@h/?heartbeat={value}", "X")
+    assert str(raised.value) == (
+        f"X (amqp://u:***@h/?heartbeat={value}) has heartbeat={value!r}: write a whole number "
+        "of seconds from 0 to 65535 (0 turns heartbeats off)"
+    )
