@@ -43,6 +43,12 @@ MISSING_SCHEMA = (
     asyncpg.InvalidSchemaNameError,
 )
 
+# Every session of a pool made here: the ledger's statements are written for READ COMMITTED
+# (a row another transaction changed is re-read, not a serialization failure), whatever
+# the database's default (a server or database set to REPEATABLE READ). Set at connection
+# start, so it costs nothing and survives the pool's RESET ALL.
+SESSION_SETTINGS = {"default_transaction_isolation": "read committed"}
+
 # What the driver raises for any failed request, or its connection's failure.
 FAILED = (asyncpg.PostgresError, asyncpg.InterfaceError)
 
@@ -60,8 +66,10 @@ _CONTENT = (
     UnicodeError,
     OverflowError,
 )
-# The database cannot be reached or is going away, or the statement lost a race it can win
-# on a second try (deadlock, serialization failure): nothing is wrong with the request.
+# The database cannot be reached or is going away (an administrator's or a crash's shutdown,
+# "cannot connect now" while it starts or recovers, too many connections, a full disk, no
+# memory), or the statement lost a race it can win on a second try (deadlock, serialization
+# failure): nothing is wrong with the request.
 _OUTAGE = (
     OSError,
     asyncio.TimeoutError,
@@ -71,6 +79,11 @@ _OUTAGE = (
     asyncpg.TransactionRollbackError,
     asyncpg.InterfaceError,  # "connection is closed", and the like; not its DataError
 )
+# A lost race: another transaction won; the same request succeeds when it runs again.
+_LOST_RACE = (asyncpg.TransactionRollbackError,)
+# Where the server refuses a session to a database that does not accept connections (55000,
+# a code that elsewhere names a bug in the request); the function's name is never translated.
+_NO_CONNECTIONS_FUNCTION = "CheckMyDatabase"
 
 
 def is_content_error(error: BaseException) -> bool:
@@ -79,10 +92,80 @@ def is_content_error(error: BaseException) -> bool:
 
 
 def is_outage(error: BaseException) -> bool:
-    """True when the database is unreachable or busy: the same request may succeed later."""
+    """True when the database is unreachable, refuses service for now, or the statement lost
+    a race: the same request may succeed later."""
     if is_content_error(error):
         return False
-    return isinstance(error, _OUTAGE)
+    return isinstance(error, _OUTAGE) or refuses_service(error)
+
+
+def refuses_service(error: BaseException) -> bool:
+    """True for a refusal that means "not now", not "not this": the database is read-only (a
+    hot standby a failover left us on, or ``default_transaction_read_only``), or it does not
+    accept connections (``ALLOW_CONNECTIONS false``)."""
+    if isinstance(error, asyncpg.ReadOnlySQLTransactionError):
+        return True
+    return isinstance(error, asyncpg.ObjectNotInPrerequisiteStateError) and (
+        getattr(error, "server_source_function", None) == _NO_CONNECTIONS_FUNCTION
+        or "accepting connections" in str(error)
+    )
+
+
+def is_lost_race(error: BaseException) -> bool:
+    """True for a transaction that lost to another (serialization failure, deadlock)."""
+    return isinstance(error, _LOST_RACE)
+
+
+def is_unavailable(error: BaseException) -> bool:
+    """An outage of the database itself, not a race a transaction lost: what a transaction
+    that is not the ledger's own (the handler's) must not take for its own failure."""
+    return is_outage(error) and not is_lost_race(error)
+
+
+def fails_the_transaction(error: BaseException) -> bool:
+    """True when the server refused a transaction's own work (its data, a constraint checked
+    at commit, a lost race, a statement after an error aborted it), not the service: the
+    failure of whoever wrote that transaction."""
+    return isinstance(error, asyncpg.PostgresError) and not is_unavailable(error)
+
+
+def is_aborted_transaction(error: BaseException) -> bool:
+    """True for "current transaction is aborted": an earlier error in it was caught."""
+    return isinstance(error, asyncpg.InFailedSQLTransactionError)
+
+
+def outage_kind(error: BaseException) -> str:
+    """What an outage error says of the database, to follow "the database is" (logs, health
+    and pages)."""
+    if isinstance(error, asyncpg.ReadOnlySQLTransactionError):
+        return "read-only (a hot standby, or default_transaction_read_only is on)"
+    if refuses_service(error):
+        return "not accepting connections"
+    if isinstance(error, asyncpg.CannotConnectNowError):
+        return "starting up or recovering"
+    if isinstance(error, asyncpg.OperatorInterventionError):
+        return "shutting down (or an administrator ended the session)"
+    if isinstance(error, asyncpg.InsufficientResourcesError):
+        return "out of resources (too many connections, a full disk or no memory)"
+    if is_lost_race(error):
+        return "busy (a statement lost a race with another transaction)"
+    return "unreachable"
+
+
+async def write_refusal(executor: Executor) -> str | None:
+    """Why the database would refuse a write now (a hot standby, a read-only default); None
+    when it would take one. What a probe asks, since ``SELECT 1`` succeeds on both."""
+    row = await executor.fetchrow(
+        "SELECT pg_is_in_recovery() AS standby,"
+        " current_setting('transaction_read_only') = 'on' AS read_only"
+    )
+    if row is None:
+        return None
+    if row["standby"]:
+        return "the database is read-only: it is a hot standby (in recovery)"
+    if row["read_only"]:
+        return "the database is read-only: default_transaction_read_only is on"
+    return None
 
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
@@ -120,7 +203,11 @@ async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> Poo
     endpoint = urls.check_database_url(url)
     try:
         pool = await asyncpg.create_pool(
-            url, min_size=min_size, max_size=max_size, command_timeout=60
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            command_timeout=60,
+            server_settings=SESSION_SETTINGS,
         )
     except ValueError as error:  # a query parameter asyncpg cannot read (sslmode=...)
         raise ConfigurationError(

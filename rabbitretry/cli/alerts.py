@@ -19,6 +19,7 @@ from rabbitretry.cli.common import (
     VerboseOption,
     age,
     configure_logging,
+    literal,
     out,
     print_json,
     run_async,
@@ -194,12 +195,12 @@ async def list_(
         table.add_row(
             str(alert.id),
             alert.kind,
-            title(alert),
+            literal(title(alert)),
             str(alert.count),
             age(alert.first_seen),
             age(alert.last_seen),
             state,
             str(alert.tries),
-            alert.last_error or "",
+            literal(alert.last_error or ""),
         )
     out.print(table)

@@ -19,16 +19,30 @@ from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
 from rabbitretry import db, logs, urls
 from rabbitretry.consumer import Consumer, topology_of
 from rabbitretry.errors import ConfigurationError, RabbitRetryError
+from rabbitretry.message.literal import visible
 from rabbitretry.operations import OperationError
 from rabbitretry.settings import AMQP_URL_VARIABLE, DATABASE_URL_VARIABLE, Settings
 from rabbitretry.topology import Topology, load_many
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+
+def literal(value: object) -> Text:
+    """A table cell of text from outside (a key, an error, a header): shown as it is. Never
+    read as rich markup (``[/x]`` in a key would otherwise fail the command), and control
+    characters spelled out, so that no escape sequence reaches the terminal."""
+    return Text(visible(str(value)))
+
+
+def shown(value: object) -> str:
+    """Text from outside inside a line that has markup of its own: escaped and visible."""
+    return escape(visible(str(value)))
 
 
 def _stdout() -> Console:

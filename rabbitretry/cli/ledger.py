@@ -14,6 +14,7 @@ from rabbitretry.cli.common import (
     JsonOption,
     UserError,
     age,
+    literal,
     out,
     parse_duration,
     print_json,
@@ -50,7 +51,7 @@ async def stats(as_json: JsonOption = False, database: DatabaseOption = None) ->
         table.add_column(column, justify="right" if column in ("messages", "attempts") else "left")
     for row in rows:
         table.add_row(
-            row["queue"],
+            literal(row["queue"]),
             row["status"],
             str(row["messages"]),
             str(row["attempts"]),

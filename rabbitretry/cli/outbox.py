@@ -15,6 +15,7 @@ from rabbitretry.cli.common import (
     VerboseOption,
     age,
     configure_logging,
+    literal,
     out,
     run_async,
     settings,
@@ -97,10 +98,10 @@ async def status(
             destination = f"{row['exchange'] or '(default)'} / {row['routing_key']}"
             detail.add_row(
                 str(row["id"]),
-                row["message_id"],
-                destination,
+                literal(row["message_id"]),
+                literal(destination),
                 str(row["tries"]),
-                row["last_error"] or "",
+                literal(row["last_error"] or ""),
                 age(row["created_at"]),
             )
         out.print(detail)

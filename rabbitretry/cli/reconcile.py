@@ -16,11 +16,13 @@ from rabbitretry.cli.common import (
     UserError,
     VerboseOption,
     configure_logging,
+    literal,
     load_attribute,
     out,
     print_json,
     run_async,
     settings,
+    shown,
 )
 from rabbitretry.consumer import Consumer
 from rabbitretry.operations import parse_rate
@@ -232,7 +234,7 @@ def print_report(report: RunReport) -> None:
     repairs.add_row("errors", str(len(report.errors)))
     out.print(repairs)
     for error in report.errors[:20]:
-        out.print(f"[red]error:[/red] {error}", highlight=False)
+        out.print(f"[red]error:[/red] {shown(error)}", highlight=False)
     if not report.windows:
         return
     windows = Table(title="expected vs actual")
@@ -240,13 +242,14 @@ def print_report(report: RunReport) -> None:
     for column in (*columns, "dead", "skipped", "missing", "re-published", "orphaned"):
         windows.add_column(column, justify="left" if column in columns[:3] else "right")
     for w in windows_of(report):
-        windows.add_row(*w)
+        windows.add_row(*map(literal, w))
     out.print(windows)
     for window in report.windows:
         if window.orphaned:
             out.print(
-                f"[yellow]{window.orphaned} orphan(s) in {window.queue}[/yellow] (succeeded, "
-                f"never expected by {window.name}): {', '.join(window.orphan_examples)}",
+                f"[yellow]{window.orphaned} orphan(s) in {shown(window.queue)}[/yellow] "
+                f"(succeeded, never expected by {shown(window.name)}): "
+                f"{shown(', '.join(window.orphan_examples))}",
                 highlight=False,
             )
 

@@ -11,6 +11,7 @@ from rich.table import Table
 from rabbitretry import db
 from rabbitretry.cli.common import (
     DatabaseOption,
+    literal,
     out,
     parse_time,
     print_json,
@@ -121,7 +122,7 @@ def _print(report: Report) -> None:
         table.add_column(column, justify="left" if column == "queue" else "right")
     for q in report.queues:
         table.add_row(
-            q.queue,
+            literal(q.queue),
             str(q.finished),
             cell(q.queue, "p95", _latency(q.p95)),
             cell(q.queue, "p99", _latency(q.p99)),
@@ -140,7 +141,7 @@ def _print(report: Report) -> None:
         for beat in report.heartbeats:
             state = "stale" if beat.stale else "failing" if beat.failing else "ok"
             beats.add_row(
-                beat.name,
+                literal(beat.name),
                 "never" if beat.age is None else f"{_duration(beat.age)} ago",
                 cell(beat.name, "heartbeat", state),
             )
@@ -154,7 +155,7 @@ def _print_verdict(breaches: list[Breach]) -> None:
         return
     out.print(f"[red]{len(breaches)} breach(es)[/red]:")
     for breach in breaches:
-        out.print(f"  {breach}", highlight=False)
+        out.print(literal(f"  {breach}"), highlight=False)
 
 
 def _latency(value: float | None) -> str:

@@ -281,12 +281,18 @@ async def http_error(request: Request, error: Exception) -> Response:
 
 
 async def database_error(request: Request, error: Exception) -> Response:
-    """The ledger cannot be reached: 503 and one line, on a page with its navigation."""
+    """The ledger cannot be reached, or refuses service for now (read-only, not accepting
+    connections, shutting down, out of resources): 503 and one line, on a page with its
+    navigation."""
     if not db.is_outage(error):
         raise error
     url = config_of(request).database_url
     what = urls.scrub(str(error) or type(error).__name__, url).splitlines()[0]
-    message = f"cannot reach the ledger at {mask_url(url)} ({what}); try again in a moment"
+    kind = db.outage_kind(error)
+    if kind == "unreachable":
+        message = f"cannot reach the ledger at {mask_url(url)} ({what}); try again in a moment"
+    else:
+        message = f"the ledger at {mask_url(url)} is {kind}: {what}; try again in a moment"
     return render(request, "error.html", 503, message=message)
 
 

@@ -17,15 +17,11 @@ from typing import Any
 from markupsafe import Markup
 
 from rabbitretry import operations
+from rabbitretry.message.literal import visible
 
-# C0 and C1 controls but tab and newline, and the Unicode bidi controls and marks.
-_HIDDEN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+__all__ = ["Payload", "finalize", "payload", "verbatim", "visible"]
+
 HEX_SHOWN = 4096  # bytes of a binary payload shown in hex; base64 has them all
-
-
-def visible(text: str) -> str:
-    """``text`` with its hidden and direction-changing characters spelled out."""
-    return _HIDDEN.sub(lambda m: f"[U+{ord(m[0]):04X}]", text)
 
 
 def finalize(value: Any) -> Any:

@@ -19,11 +19,13 @@ from typing import Any, TypeVar
 
 import pydantic
 
+from rabbitretry import db
 from rabbitretry.consumer import Consumer, Context, HandlerTransaction
 from rabbitretry.delivery import validity
 from rabbitretry.delivery.outcome import Decided
-from rabbitretry.errors import TransactionRolledBack
+from rabbitretry.errors import Retry, TransactionRolledBack
 from rabbitretry.ledger.failures import Failure, describe, rejection
+from rabbitretry.retry import RetryPolicy
 
 log = logging.getLogger("rabbitretry.worker")
 
@@ -96,13 +98,33 @@ def _failed(
     error: BaseException,
     rng: random.Random | None,
 ) -> AttemptResult:
-    failure = describe(ctx.queue, error)
-    decision = consumer_type.retry.decide(error, ctx.attempt, rng)
+    return failed_attempt(consumer_type.retry, ctx.queue, ctx.message_id, ctx.attempt, error, rng)
+
+
+def failed_attempt(
+    policy: RetryPolicy,
+    queue: str,
+    message_id: str,
+    attempt: int,
+    error: BaseException,
+    rng: random.Random | None = None,
+) -> AttemptResult:
+    """The decision after ``attempt`` (within its budget) failed with ``error``.
+
+    A transaction that lost a race (serialization failure, deadlock) is retried whatever the
+    policy's ``retry_on`` and ``permanent_on`` say: the same work wins on another try. The
+    attempts are still counted.
+    """
+    failure = describe(queue, error)
+    judged = error
+    if db.is_lost_race(error):
+        judged = Retry(f"the transaction lost a race ({type(error).__name__}); tried again")
+    decision = policy.decide(judged, attempt, rng)
     if decision.capped_from is not None:
         log.warning(
             "%s/%s: a retry was asked for in %r s; it waits %.1f s, the policy's bound",
-            ctx.queue,
-            ctx.message_id,
+            queue,
+            message_id,
             decision.capped_from,
             decision.delay,
         )

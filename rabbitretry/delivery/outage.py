@@ -1,12 +1,21 @@
 """Pausing deliveries while a service is away: one log line when it goes, one when it is back.
 
 When a delivery finds the ledger (or the broker) unreachable, the worker must neither spin on
-it nor charge the message anything. The :class:`OutageGate` of that service turns its state to
-"down", logs that once, and probes the service with a growing, capped pause until it answers.
+it nor charge the message anything. A database that refuses service for now (read-only after a
+failover to a standby, not accepting connections, shutting down, out of connections or disk:
+:func:`rabbitretry.db.is_outage`) is an outage too. The :class:`OutageGate` of that service
+turns its state to "down", logs that once (saying which kind of outage), and probes the
+service with a growing, capped pause until it answers; the ledger's probe also asks whether
+the database would take a write, since a read-only one answers ``SELECT 1``.
+
 Meanwhile every consumer slot holds its delivery at the gate (on a prefetch-1 channel that
-means no new deliveries) for at most ``hold`` seconds, then requeues it, so that no delivery is
-held past RabbitMQ's consumer timeout however long the outage lasts. When the probe succeeds
-the gate logs once and opens, and the work resumes by itself.
+means no new deliveries) for at most ``hold`` seconds, then requeues it. The hold is long
+(``HOLD``, minutes) because every requeue counts against a quorum queue's
+``x-delivery-limit``: an outage answered by frequent requeues would make the broker
+dead-letter messages whose handler never ran. It stays well below RabbitMQ's
+``consumer_timeout`` (30 minutes by default), past which the broker would take the delivery
+back anyway. When the probe succeeds the gate logs once and opens, and the held deliveries go
+on where they were.
 """
 
 from __future__ import annotations
@@ -16,13 +25,17 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from rabbitretry import db
 from rabbitretry.errors import ConnectionLost
 
 log = logging.getLogger("rabbitretry.worker")
 
 FIRST_PAUSE = 0.5  # seconds before the first probe
 MAX_PAUSE = 15.0  # the probes' pause doubles up to this
-HOLD = 30.0  # seconds a delivery waits at a closed gate before it is requeued
+# Seconds a delivery waits at a closed gate before it is requeued: every requeue counts
+# against a quorum queue's delivery limit, so as long as is safe below RabbitMQ's default
+# consumer_timeout of 30 minutes (which would requeue it, and count it, anyway).
+HOLD = 20 * 60.0
 
 
 class OutageGate:
@@ -35,13 +48,15 @@ class OutageGate:
         *,
         first_pause: float = FIRST_PAUSE,
         max_pause: float = MAX_PAUSE,
-        hold: float = HOLD,
+        hold: float | None = None,
     ) -> None:
         self.service = service
         self._probe = probe
         self._first_pause = first_pause
         self._max_pause = max_pause
-        self._hold = hold
+        self._hold = HOLD if hold is None else hold
+        self.reason: str | None = None
+        """While the gate is closed: what kind of outage closed it (for health and logs)."""
         self._open = asyncio.Event()
         self._open.set()
         self._prober: asyncio.Task[None] | None = None
@@ -55,11 +70,13 @@ class OutageGate:
         if not self._open.is_set():
             return
         self._open.clear()
-        log.error(
-            "the %s is unreachable (%s); deliveries pause until it answers again",
-            self.service,
-            error,
-        )
+        kind = db.outage_kind(error) if db.is_outage(error) else "unreachable"
+        self.reason = kind
+        if kind == "unreachable":
+            what = f"the {self.service} is unreachable ({error})"
+        else:
+            what = f"the {self.service} is {kind}: {type(error).__name__}: {error}"
+        log.error("%s; deliveries pause until it answers again", what)
         self._prober = asyncio.create_task(self._probe_until_back())
 
     async def passable(self) -> bool:
@@ -87,6 +104,7 @@ class OutageGate:
                 pause = min(pause * 2, self._max_pause)
                 continue
             log.warning("the %s is reachable again; deliveries resume", self.service)
+            self.reason = None
             self._open.set()
             return
 

@@ -185,6 +185,9 @@ class Pipeline:
                 self.ledger_gate.report(error)
                 if await self.ledger_gate.passable():
                     await self.ledger.release_claim(key, self.worker_id)
+                    # The delivery is still ours: take it up again rather than requeue it,
+                    # as every requeue counts against a quorum queue's delivery limit.
+                    return await self._process(message)
                 return Outcome(key, "requeued")
             raise
         if claim.verdict in ("finished", "stale"):

@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 
 from rabbitretry import db
-from rabbitretry.delivery.attempt import AttemptResult
+from rabbitretry.delivery.attempt import AttemptResult, failed_attempt
 from rabbitretry.delivery.copies import Copies
 from rabbitretry.delivery.log_fields import LogFields
 from rabbitretry.delivery.outcome import Outcome
-from rabbitretry.delivery.transaction import AttemptTransaction
+from rabbitretry.delivery.transaction import AttemptTransaction, CommitFailed
 from rabbitretry.ledger import AttemptLedger, Claim, Key, Snapshot
 from rabbitretry.ledger.failures import Failure, message_of, rejection
 from rabbitretry.message.storable import storable_text
@@ -49,7 +49,7 @@ class Verdicts:
     ) -> Outcome:
         """Write the attempt's decision to the ledger, then publish what follows from it."""
         if result.outcome == "succeeded":
-            return await self._succeeded(key, claim, result)
+            return await self._succeeded(key, claim, snapshot, result)
         if result.outcome == "skipped":
             log.info(
                 "%s: skipped (%s), the handler is not called",
@@ -84,18 +84,42 @@ class Verdicts:
             return Outcome(key, "dead", claim.attempt)
         return await self._retrying(key, claim, snapshot, result.delay or 0.0, result.failure)
 
-    async def _succeeded(self, key: Key, claim: Claim, result: AttemptResult) -> Outcome:
+    async def _succeeded(
+        self, key: Key, claim: Claim, snapshot: Snapshot, result: AttemptResult
+    ) -> Outcome:
         transaction = result.transaction
         if not (isinstance(transaction, AttemptTransaction) and transaction.open):
             transaction = None  # the handler used no transaction: a grouped success mark
         in_transaction = transaction is not None
-        committed = await self.ledger.succeed(key, claim.attempt, transaction)
+        try:
+            committed = await self.ledger.succeed(key, claim.attempt, transaction)
+        except CommitFailed as failed:
+            return await self._commit_failed(key, claim, snapshot, failed)
         if not committed:
             what = (
                 "success mark (its transaction rolled back)" if in_transaction else "success mark"
             )
             return await self._missed(key, claim.attempt, what)
         return Outcome(key, "succeeded", claim.attempt)
+
+    async def _commit_failed(
+        self, key: Key, claim: Claim, snapshot: Snapshot, failed: CommitFailed
+    ) -> Outcome:
+        """The handler's transaction could not commit: the attempt failed with the database's
+        error (the claim is still ours: nothing of the transaction, the mark included, took)."""
+        log.warning(
+            "%s: attempt %d: the handler's transaction could not commit (%s: %s)%s",
+            key,
+            claim.attempt,
+            type(failed.error).__name__,
+            message_of(failed.error),
+            "; an error caught inside ctx.transaction() had aborted it" if failed.swallowed else "",
+            extra=self._fields(key, attempt=claim.attempt),
+        )
+        result = failed_attempt(
+            self.policy, self.queue, key.message_id, claim.budget_attempt, failed.error
+        )
+        return await self.record(key, claim, snapshot, result)
 
     async def _retrying(
         self, key: Key, claim: Claim, snapshot: Snapshot, delay: float, failure: Failure
@@ -159,6 +183,10 @@ class Verdicts:
             if not db.is_content_error(error) or key.message_id.startswith(UNSTORABLE_PREFIX):
                 raise
             return await self.unstorable(key, snapshot, error)
+        if not stored:
+            # A row still in flight (a retry, a claim whose lease ran out) would wait for a
+            # copy the worker refuses every time: it ends dead for this reason now.
+            stored = await self.ledger.refuse_in_flight(key, reason, failure)
         if not stored:
             # A copy of a message the ledger already holds (its first copy was refused too).
             log.debug(

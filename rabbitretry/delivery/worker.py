@@ -293,7 +293,8 @@ class Worker:
             broker = "RabbitMQ is unreachable; deliveries paused"
         closed = [] if gates is None else [g for g in gates.ledgers.values() if not g.is_open]
         if closed:
-            ledger = f"the {closed[0].service} is unreachable; deliveries paused"
+            gate = closed[0]
+            ledger = f"the {gate.service} is {gate.reason or 'unreachable'}; deliveries paused"
         if not self.started:
             consumers = "not started"
         elif self._stopping.is_set():

@@ -11,8 +11,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Literal, Protocol
 
-from rabbitretry.db import Connection, Pool, Record
-from rabbitretry.ledger import statements
+from rabbitretry.db import Connection, Pool, Record, write_refusal
+from rabbitretry.errors import ServiceUnavailable
+from rabbitretry.ledger import repairs, statements
 from rabbitretry.ledger.commits import ClaimRequest, SuccessRequest, commits_for
 from rabbitretry.ledger.failures import Failure
 from rabbitretry.ledger.statements import FINISHED, Claim, Key, Snapshot
@@ -98,6 +99,11 @@ class AttemptLedger:
             snapshot=snapshot,
         )
 
+    async def refuse_in_flight(self, key: Key, reason: str, failure: Failure) -> bool:
+        """A row still in flight whose copy is refused before the claim: dead for ``reason``
+        (:func:`rabbitretry.ledger.repairs.refuse_in_flight`); False if it was not in flight."""
+        return await repairs.refuse_in_flight(self.pool, key, reason, failure)
+
     async def get(self, key: Key) -> Record | None:
         return await statements.get(self.pool, key)
 
@@ -118,11 +124,15 @@ class AttemptLedger:
         await statements.release_claim(self.pool, key, worker)
 
     async def reconnect(self) -> None:
-        """Raises unless the ledger answers; a probe while it is unreachable.
+        """Raises unless the ledger answers and would take a write; a probe during an outage.
 
         The pool's connections from before the outage are replaced first: each would
-        otherwise fail once more on its next use.
+        otherwise fail once more on its next use (and a session keeps the read-only default
+        it started with). A read-only database (a standby after a failover) answers
+        ``SELECT 1``, so the probe asks whether it would write.
         """
         await self.pool.expire_connections()
         async with asyncio.timeout(PING_TIMEOUT):
-            await self.pool.fetchval("SELECT 1")
+            refusal = await write_refusal(self.pool)
+        if refusal is not None:
+            raise ServiceUnavailable(f"the ledger refuses writes: {refusal}")

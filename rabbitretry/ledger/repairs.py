@@ -41,6 +41,23 @@ async def skip_expired(executor: Executor, key: Key, reason: str) -> bool:
     return bool(skipped)
 
 
+async def refuse_in_flight(executor: Executor, key: Key, reason: str, failure: Failure) -> bool:
+    """Finish as ``dead`` for ``reason`` a row still in flight (``retrying``, or ``processing``
+    with its lease run out: its open attempt logged crashed) whose message is refused before
+    the claim, e.g. too large for its consumer: no copy of it can ever be handled. False when
+    the row was not in flight (finished already, or a live lease: its owner decides)."""
+    refused: int = await executor.fetchval(
+        query("refuse_in_flight"),
+        key.queue,
+        key.message_id,
+        reason,
+        failure.type,
+        failure.message,
+        failure.fingerprint,
+    )
+    return bool(refused)
+
+
 @dataclass(frozen=True)
 class BrokerDeadLetter:
     """A message the broker dead-lettered on its own, as the ledger stores it."""

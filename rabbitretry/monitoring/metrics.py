@@ -26,7 +26,15 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from rabbitretry import db
-from rabbitretry.db import UNAVAILABLE, Executor, Pool, query
+from rabbitretry.db import (
+    UNAVAILABLE,
+    Executor,
+    Pool,
+    is_outage,
+    outage_kind,
+    query,
+    write_refusal,
+)
 from rabbitretry.delivery.outcome import FINISHED, Outcome
 from rabbitretry.delivery.worker import Health
 from rabbitretry.monitoring import heartbeat, levels
@@ -213,15 +221,18 @@ async def _serve_http(
 
 
 async def database_check(pool: Pool) -> str:
-    """``"ok"`` when the database answers a query within HEALTH_TIMEOUT, else why not."""
+    """``"ok"`` when the database answers within HEALTH_TIMEOUT and would take a write, else
+    why not (a read-only standby answers queries, but the ledger cannot be written)."""
     try:
         async with asyncio.timeout(HEALTH_TIMEOUT):
-            await pool.fetchval("SELECT 1")
+            refusal = await write_refusal(pool)
     except TimeoutError:
         return f"the database did not answer within {HEALTH_TIMEOUT:g} s"
     except Exception as error:
+        if is_outage(error):
+            return f"the database is {outage_kind(error)}: {type(error).__name__}: {error}"
         return f"the database does not answer: {type(error).__name__}: {error}"
-    return "ok"
+    return refusal or "ok"
 
 
 async def health_response(health: Callable[[], Health] | None, pool: Pool | None) -> Response:

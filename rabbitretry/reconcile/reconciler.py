@@ -91,6 +91,7 @@ class Reconciler:
             raise ValueError("batch_size and max_batches must be >= 1, grace >= 1 second")
         self._limiter = RateLimiter(self.publish_rate)
         self._expiry = {c.queue: c.expires_after for c in self.consumers if c.expires_after}
+        self._body_limits = {c.queue: c.max_body_bytes for c in self.consumers}
 
     def stop(self) -> None:
         self._stopping.set()
@@ -147,10 +148,14 @@ class Reconciler:
         assert connection is not None  # opened with the publisher
 
         async def overdue_retries() -> None:
-            report.retries_redriven = await redrive(run, repairs.take_overdue_retries, self._expiry)
+            report.retries_redriven = await redrive(
+                run, repairs.take_overdue_retries, self._expiry, self._body_limits
+            )
 
         async def expired_leases() -> None:
-            report.leases_redriven = await redrive(run, repairs.take_expired_leases, self._expiry)
+            report.leases_redriven = await redrive(
+                run, repairs.take_expired_leases, self._expiry, self._body_limits
+            )
 
         async def stuck_outbox() -> None:
             report.outbox_published = await publish_stuck_outbox(run)

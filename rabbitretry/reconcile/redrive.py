@@ -6,7 +6,8 @@ that survives re-claims the row by itself, sooner). Each is re-published from th
 snapshot to its work queue through the default exchange under the same ``message_id`` (broker
 headers stripped, attempts header set), with confirms and ``mandatory``; a copy that arrives
 twice is dropped by the claim, so a re-drive never runs a handler twice. Work past its
-consumer's ``expires_after`` is finished ``skipped`` instead, never published.
+consumer's ``expires_after`` is finished ``skipped`` instead, and a snapshot over its
+consumer's ``max_body_bytes`` is finished ``dead`` (reason ``too-large``): never published.
 """
 
 from __future__ import annotations
@@ -21,19 +22,28 @@ from rabbitretry.db import Pool, Record
 from rabbitretry.delivery import validity
 from rabbitretry.errors import ConnectionLost, PublishError, UnpublishableError
 from rabbitretry.ledger import repairs
+from rabbitretry.ledger.failures import rejection
 from rabbitretry.message import headers
 from rabbitretry.reconcile.run import Run
 
 log = logging.getLogger("rabbitretry.reconcile.reconciler")  # one logger for every step
 
+TOO_LARGE = "too-large"  # the reason the worker records for the same refusal
+
 Scan = Callable[[Pool, float, int], Awaitable[list[Record]]]
 """Takes and marks a batch of lost rows, ``(pool, grace, limit)``: ``repairs.take_*``."""
 
 
-async def redrive(run: Run, scan: Scan, expiry: Mapping[str, float]) -> int:
+async def redrive(
+    run: Run,
+    scan: Scan,
+    expiry: Mapping[str, float],
+    body_limits: Mapping[str, int] | None = None,
+) -> int:
     """Take marked batches of ``scan`` and publish (or skip) each row; how many published.
 
-    ``expiry`` maps a queue to its consumer's ``expires_after``.
+    ``expiry`` maps a queue to its consumer's ``expires_after``, ``body_limits`` to its
+    ``max_body_bytes``: a snapshot over it is recorded dead, never published.
     """
     published = 0
     for _ in range(run.max_batches):
@@ -41,6 +51,8 @@ async def redrive(run: Run, scan: Scan, expiry: Mapping[str, float]) -> int:
         for row in rows:
             if await _skip_if_expired(run, row, expiry):
                 run.report.expired_skipped += 1
+            elif await _dead_if_too_large(run, row, body_limits or {}):
+                pass  # the worker would refuse it: re-driving it would loop for ever
             elif await _publish_row(run, row):
                 published += 1
         if len(rows) < run.batch_size:
@@ -59,6 +71,22 @@ async def _skip_if_expired(run: Run, row: Record, expiry: Mapping[str, float]) -
     if skipped:
         log.info("%s/%s: expired, marked skipped", row["queue"], row["message_id"])
     return skipped
+
+
+async def _dead_if_too_large(run: Run, row: Record, body_limits: Mapping[str, int]) -> bool:
+    """Record dead (reason ``too-large``) a row whose snapshot is over its consumer's
+    ``max_body_bytes``, as the worker would refuse every copy; True (never publish it) when
+    the snapshot is over the limit, whether or not the row was still in flight."""
+    limit = body_limits.get(row["queue"])
+    size = len(row["payload"])
+    if limit is None or size <= limit:
+        return False
+    detail = f"body of {size} bytes is over the limit of {limit} bytes"  # as the worker says
+    failure = rejection(row["queue"], TOO_LARGE, detail)
+    key = ledger.Key(row["queue"], row["message_id"])
+    if await repairs.refuse_in_flight(run.pool, key, TOO_LARGE, failure):
+        log.error("%s: dead (%s), not re-driven: %s", key, TOO_LARGE, detail)
+    return True  # a row that moved on meanwhile (a live claim) is its owner's to settle
 
 
 async def _publish_row(run: Run, row: Record) -> bool:

@@ -85,3 +85,27 @@ FROM unnest($4::text[], $5::bytea[], $6::jsonb[], $7::jsonb[], $8::text[], $9::t
 ORDER BY m.message_id
 ON CONFLICT (queue, message_id) DO NOTHING
 RETURNING l.message_id;
+
+-- name: refuse_in_flight
+-- A message whose copies are refused before the claim ($3: the reason, e.g. too-large; $4-$6:
+-- the failure's type, message and fingerprint) can never be handled: a row still in flight, a
+-- `retrying` one or a `processing` one whose lease ran out, is finished dead with that reason
+-- (its open attempt logged crashed), so that nothing re-drives it. A live lease is left to its
+-- owner. Returns 1 when the row died, 0 when it was not in flight.
+WITH refused AS (
+    UPDATE rabbitretry.ledger
+    SET status = 'dead', reason = $3, error_type = $4, error_message = $5,
+        error_traceback = NULL, error_fingerprint = $6, finished_at = now(), updated_at = now(),
+        next_retry_at = NULL, lease_until = NULL
+    WHERE queue = $1 AND message_id = $2
+      AND (status = 'retrying' OR (status = 'processing' AND lease_until < now()))
+    RETURNING queue, message_id, attempts
+), crashed AS (
+    UPDATE rabbitretry.attempt a
+    SET finished_at = now(), outcome = 'crashed', error_type = 'WorkerLost',
+        error_message = 'the worker stopped renewing its lease before the attempt finished'
+    FROM refused r
+    WHERE a.queue = r.queue AND a.message_id = r.message_id AND a.attempt = r.attempts
+      AND a.outcome IS NULL
+)
+SELECT count(*)::int FROM refused;

@@ -13,8 +13,12 @@ entry says how to keep it as it is (``delivery_limit = "broker-default"``) or re
 
 Nothing is created while planning: only entities that already exist are re-declared. (A queue
 deleted by someone else between the two steps would be re-created; no AMQP call avoids that.)
-Bindings cannot be inspected over AMQP at all, so they are always ``ensure``: binding is
-idempotent, and :func:`declare` binds every one.
+Bindings cannot be inspected over AMQP at all (no method reads one, and a probe publish would
+land in the work queue), so they are always ``ensure``: binding is idempotent, and
+:func:`declare` binds every one. :func:`verify` (``rabbitretry run`` without ``--declare``)
+binds each work queue to the delay chain's deliver exchange too: without that binding every
+retry of the queue is dropped at the end of the chain, and binding it again changes nothing
+when it is there.
 """
 
 from __future__ import annotations
@@ -40,6 +44,17 @@ MISMATCH_HINT = (
     "topology to match what the broker has, or delete it (`rabbitmqctl delete_queue NAME`; "
     "its messages go with it, so move them first if they matter) and declare again. "
     "The broker names only the first argument that differs."
+)
+DELIVER_BINDING_DETAIL = (
+    "carries the queue's retries out of the delay chain; not readable over AMQP, so "
+    "`topology declare` and `rabbitretry run` bind it every time"
+)
+DELIVER_BINDING_REFUSED = (
+    "RabbitMQ refused to bind work queue {queue!r} to the delay chain's deliver exchange "
+    "({binding}): {reason}. Without that binding every retry of {queue!r} is lost at the end "
+    "of the delay chain, so the worker does not start. Run `rabbitretry topology declare` "
+    "as a user allowed to bind (write on the queue, read on the exchange), or grant this "
+    "user those permissions."
 )
 DELIVERY_LIMIT_HINT = (
     "this quorum queue has no (or another) x-delivery-limit: set delivery_limit in the "
@@ -96,8 +111,12 @@ async def plan(connection: amqp.Connection, topology: Topology) -> Plan:
                 prober, "queue", queue.name, _queue(queue), _summary(queue.arguments)
             )
             entries.append(entry)
+    deliver = [queue.deliver_binding() for queue in topology.queues]
     entries += [
-        PlanEntry("binding", _binding_name(b), "ensure") for b in topology.binding_declarations()
+        PlanEntry(
+            "binding", _binding_name(b), "ensure", DELIVER_BINDING_DETAIL if b in deliver else ""
+        )
+        for b in topology.binding_declarations()
     ]
     return Plan(entries)
 
@@ -122,13 +141,18 @@ async def declare(connection: amqp.Connection, topology: Topology) -> Plan:
 
 
 async def verify(connection: amqp.Connection, topology: Topology) -> None:
-    """Raise :class:`TopologyError` unless every exchange and queue exists as declared.
+    """Raise :class:`TopologyError` unless every exchange and queue exists as declared; then
+    bind each work queue to the delay chain's deliver exchange.
 
-    Bindings cannot be checked over AMQP and are not verified.
+    Bindings cannot be read over AMQP. The deliver binding is the one a worker cannot do
+    without (its retries would vanish at the end of the chain) and the one nobody else needs
+    to remove, so it is bound again here, which changes nothing when it exists; a refusal to
+    bind is a :class:`TopologyError` that names it. Other bindings are left as they are.
     """
     current = await plan(connection, topology)
     problems = [e for e in current.entries if e.action in ("create", "mismatch")]
     if not problems:
+        await _ensure_deliver_bindings(connection, topology)
         return
     listed = "\n".join(
         f"  - {e.kind} {e.name!r}: " + ("missing" if e.action == "create" else e.detail)
@@ -160,6 +184,28 @@ async def _probe(
     if "'x-delivery-limit'" in text:
         text = f"{text} ({DELIVERY_LIMIT_HINT})"
     return PlanEntry(kind, name, "mismatch", text)
+
+
+async def _ensure_deliver_bindings(connection: amqp.Connection, topology: Topology) -> None:
+    async with amqp.Prober(connection) as prober:
+        for queue in topology.queues:
+            binding = queue.deliver_binding()
+            refusal = await _refusal(prober, _bind(binding))
+            if refusal is not None:
+                raise TopologyError(
+                    DELIVER_BINDING_REFUSED.format(
+                        queue=queue.name, binding=_binding_name(binding), reason=refusal
+                    )
+                )
+
+
+async def _refusal(prober: amqp.Prober, action: Declaration) -> str | None:
+    """Why the broker refused ``action`` (a 404, an access refusal, a locked queue), or None."""
+    try:
+        outcome, text = await prober.attempt(action)
+    except TopologyError as error:
+        return str(error)
+    return None if outcome == "ok" else text
 
 
 async def _apply(prober: amqp.Prober, kind: Kind, name: str, declaration: Declaration) -> None:

@@ -207,3 +207,30 @@ async def test_unreachable_database_is_one_line_and_exit_1(rabbitretry: Run) -> 
     assert done.returncode == 1
     line = one_error_line(done.stderr)
     assert "cannot connect to PostgreSQL" in line and "s3cret" not in line
+
+
+async def test_text_from_a_producer_is_shown_as_written(
+    amqp_url: str,
+    database_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+    rabbitretry: Run,
+) -> None:
+    """A key is the producer's text: rich markup in it is not markup (a closing tag that
+    matches none made `dead list` fail with a traceback), and a terminal escape sequence is
+    spelled out rather than sent to the operator's terminal."""
+
+    class Broken(Switch):
+        broken = True
+
+    consumer = orders_consumer(queue_name, Broken)
+    cleanup.append(consumer)
+    hostile = "[/oops][bold]k[/bold]\x1b[31m"
+    async with dead_letters(consumer, amqp_url, database_url, pool, {hostile: {"order": 1}}):
+        pass
+
+    listed = await rabbitretry("dead", "list", "--queue", queue_name)
+    assert listed.returncode == 0, listed.stderr
+    assert "[/oops][bold]k[/bold][U+001B][31m" in listed.stdout
+    assert "\x1b" not in listed.stdout

@@ -8,7 +8,7 @@ from typing import Any
 from rich.table import Table
 
 from rabbitretry import ledger, operations
-from rabbitretry.cli.common import age, out
+from rabbitretry.cli.common import age, literal, out
 from rabbitretry.db import Record
 
 # Short values that a narrow terminal should never fold; the long ones (keys, errors) fold.
@@ -21,12 +21,12 @@ def print_messages(rows: list[Record], what: str, limit: int) -> None:
         table.add_column(column, overflow="fold", no_wrap=column in _NO_WRAP)
     for row in rows:
         table.add_row(
-            row["queue"],
-            row["message_id"],
+            literal(row["queue"]),
+            literal(row["message_id"]),
             row["status"],
             str(row["attempts"]),
-            row["error_type"] or row["reason"] or "",
-            one_line(row["error_message"] or row["reason"] or "", 80),
+            literal(row["error_type"] or row["reason"] or ""),
+            literal(one_line(row["error_message"] or row["reason"] or "", 80)),
             age(row["changed_at"]),
         )
     out.print(table)
@@ -39,10 +39,10 @@ def print_groups(rows: list[Record], what: str, limit: int) -> None:
     for row in rows:
         table.add_row(
             row["fingerprint"] or "-",
-            row["queue"],
+            literal(row["queue"]),
             str(row["messages"]),
-            row["error_type"] or "",
-            one_line(row["example_message"], 60),
+            literal(row["error_type"] or ""),
+            literal(one_line(row["example_message"], 60)),
             age(row["first_seen"]) + " ago",
             age(row["last_seen"]) + " ago",
         )
