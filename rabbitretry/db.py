@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import socket
+from collections.abc import AsyncIterator
 from functools import cache
 from importlib import resources
 
@@ -23,6 +25,7 @@ __all__ = [
     "Record",
     "Transaction",
     "create_pool",
+    "held",
     "migrate",
     "pending_migrations",
     "query",
@@ -217,6 +220,27 @@ async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> Poo
         raise ServiceUnavailable(_why_not_connected(error, url, endpoint)) from error
     assert pool is not None
     return pool
+
+
+@contextlib.asynccontextmanager
+async def held(pool: Pool) -> AsyncIterator[PooledConnection]:
+    """A connection of ``pool`` for work bounded from outside (``asyncio.timeout``): when the
+    work is cancelled, the connection is terminated, not given back.
+
+    Given back, a connection cancelled mid-statement makes the pool wait for the server to
+    confirm the cancel, then reset the session; a silent database (a partition, a hung server)
+    answers neither, so the release would wait for the statement timeout, and the pool's
+    connections would all end up stuck in it. Terminated, it is replaced by a new one on a
+    later request, once the database answers again.
+    """
+    connection = await pool.acquire()
+    try:
+        yield connection
+    except asyncio.CancelledError:
+        connection.terminate()
+        raise
+    finally:
+        await pool.release(connection)
 
 
 def _why_not_connected(error: Exception, url: str, endpoint: urls.Endpoint) -> str:

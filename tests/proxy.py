@@ -1,4 +1,6 @@
-"""A TCP proxy on loopback that a test can cut and restore, to drop a service mid-run."""
+"""A TCP proxy on loopback that a test can cut, stall and restore, to drop a service mid-run
+(``cut``: every connection closes) or to silence it (``stall``: connections stay open but no
+byte goes through, as in a network partition or a hung server)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,10 @@ class Proxy:
         self._server: asyncio.Server | None = None
         self._pipes: set[asyncio.StreamWriter] = set()
         self._refusing = False
+        # Set while bytes flow; cleared by stall(). Bytes read while it is clear are held and
+        # go through on restore(), as TCP delivers them once a partition heals.
+        self._flowing = asyncio.Event()
+        self._flowing.set()
 
     async def start(self) -> Proxy:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -34,11 +40,18 @@ class Proxy:
             writer.close()
         self._pipes.clear()
 
+    def stall(self) -> None:
+        """Keep every connection (and accept new ones) but forward no byte either way."""
+        self._flowing.clear()
+
     def restore(self) -> None:
+        """Accept connections again and forward what a stall held back."""
         self._refusing = False
+        self._flowing.set()
 
     async def close(self) -> None:
         await self.cut()
+        self._flowing.set()  # a stalled pump wakes, finds its writer closed and ends
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -60,6 +73,9 @@ class Proxy:
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while data := await reader.read(65536):
+                await self._flowing.wait()
+                if writer.is_closing():
+                    break
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, OSError):

@@ -60,7 +60,8 @@ class CallbackReceiver:
     Give it the ledger's ``database_url`` (a pool is opened on the first request, so the
     receiver also works mounted in an app whose lifespan it does not see) or a ``pool`` of
     your own. ``store_timeout`` bounds how long a request waits for the database before it
-    answers 503.
+    answers 503, a silent one included (a partition, a hung server): the request's connection
+    is then closed, not given back to the pool.
     """
 
     def __init__(
@@ -140,16 +141,16 @@ class CallbackReceiver:
 
     async def _store(self, kind: CallbackKind, message_id: str, body: bytes) -> bool:
         """Receipt and outbox row in one committed statement; False for a duplicate."""
-        pool = await self._open_pool()
-        queued = await pool.fetchval(
-            db.query("callback_store"),
-            kind.name,
-            message_id,
-            kind.target_queue,
-            body,
-            json.dumps({KIND_HEADER: kind.name}),
-            "application/json",
-        )
+        async with self._connection() as connection:
+            queued = await connection.fetchval(
+                db.query("callback_store"),
+                kind.name,
+                message_id,
+                kind.target_queue,
+                body,
+                json.dumps({KIND_HEADER: kind.name}),
+                "application/json",
+            )
         return queued is not None
 
     async def _keep_invalid(
@@ -158,23 +159,30 @@ class CallbackReceiver:
         queue = kind.target_queue
         detail = "; ".join(verdict.reasons)
         kept = {name: request.headers[name] for name in KEPT_HEADERS if name in request.headers}
-        pool = await self._open_pool()
-        new = await record_rejected(
-            pool,
-            ledger.Key(queue, verdict.key),
-            max_attempts=_max_attempts(kind),
-            reason=INVALID_REASON,
-            failure=rejection(queue, INVALID_REASON, detail),
-            snapshot=ledger.Snapshot(
-                body=body,
-                headers={KIND_HEADER: kind.name, **kept},
-                properties={"content_type": "application/json"},
-                exchange="",
-                routing_key=queue,
-            ),
-        )
+        async with self._connection() as connection:
+            new = await record_rejected(
+                connection,
+                ledger.Key(queue, verdict.key),
+                max_attempts=_max_attempts(kind),
+                reason=INVALID_REASON,
+                failure=rejection(queue, INVALID_REASON, detail),
+                snapshot=ledger.Snapshot(
+                    body=body,
+                    headers={KIND_HEADER: kind.name, **kept},
+                    properties={"content_type": "application/json"},
+                    exchange="",
+                    routing_key=queue,
+                ),
+            )
         if new:  # a retry of the same bad request is the same dead letter, logged once
             log.error("%s/%s: dead (%s): %s", queue, verdict.key, INVALID_REASON, detail)
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[db.PooledConnection]:
+        """A pooled connection for one request, within the request's ``store_timeout``: one
+        that timed out is terminated, so a silent database ties up no connection of the pool."""
+        async with db.held(await self._open_pool()) as connection:
+            yield connection
 
     async def _open_pool(self) -> db.Pool:
         if self._pool is None:
