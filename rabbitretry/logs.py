@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -70,6 +71,51 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+# C0 and C1 controls, and the Unicode bidi controls and marks (the rule of
+# ``rabbitretry.message.literal``, a layer above this one): in a message, newlines too.
+_HIDDEN_IN_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_HIDDEN_IN_BLOCK = re.compile(
+    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+)
+CONTINUATION = "    "
+
+
+def _spelled(pattern: re.Pattern[str], text: str) -> str:
+    return pattern.sub(lambda m: f"[U+{ord(m[0]):04X}]", text)
+
+
+class TextFormatter(logging.Formatter):
+    """:data:`TEXT_FORMAT`, one record a line whatever its text holds.
+
+    Keys and error messages come from producers: a control character in the message (an
+    escape sequence, a carriage return, a newline) is spelled out as ``[U+001B]``, so it can
+    neither steer the terminal nor start a forged record. A traceback keeps its lines, each
+    indented by four spaces (its own control characters spelled out), so a line at the first
+    column always starts a record.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.message = _spelled(_HIDDEN_IN_LINE, record.getMessage())
+        record.asctime = self.formatTime(record, self.datefmt)
+        blocks = [self.formatMessage(record)]
+        if record.exc_info:
+            blocks.append(self.formatException(record.exc_info))
+        elif record.exc_text:
+            blocks.append(record.exc_text)
+        if record.stack_info:
+            blocks.append(self.formatStack(record.stack_info))
+        head, *rest = blocks
+        lines = [
+            CONTINUATION + _spelled(_HIDDEN_IN_BLOCK, line)
+            for block in rest
+            for line in block.rstrip("\n").split("\n")  # \r, \v and the like: spelled out
+        ]
+        return "\n".join([head, *lines])
+
+
 _chosen_level: Level | None = None
 _chosen_format: Format = Format.text
 _installed: logging.Handler | None = None
@@ -95,9 +141,7 @@ def configure(verbose: bool = False, *, stream: TextIO | None = None) -> logging
     else:
         level = logging.INFO
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(
-        JsonFormatter() if _chosen_format is Format.json else logging.Formatter(TEXT_FORMAT)
-    )
+    handler.setFormatter(JsonFormatter() if _chosen_format is Format.json else TextFormatter())
     root = logging.getLogger()
     if _installed is not None:
         root.removeHandler(_installed)

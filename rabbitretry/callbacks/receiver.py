@@ -220,7 +220,8 @@ def _max_attempts(kind: CallbackKind) -> int:
 async def _bounded_body(request: Request, limit: int) -> bytes | None:
     """The body, or None as soon as it is known to be over ``limit`` bytes."""
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    # A Content-Length is the caller's text: only plain digits, and no more than a limit has.
+    if declared.isascii() and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
         return None
     body = bytearray()
     async for chunk in request.stream():

@@ -22,6 +22,20 @@ def sign(secret: str | bytes, timestamp: int, body: bytes) -> str:
     return hmac.new(key, f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
 
 
+LONGEST_TIMESTAMP = 12
+"""Digits in a Unix time: 11 last until the year 5138. Checked before ``int()``, so an absurd
+header (400 digits overflow a float, 5,000 exceed Python's digit limit) is a refusal."""
+
+
+def unix_seconds(text: str) -> int | None:
+    """``text`` as a Unix time: ASCII digits only, as senders write it. ``int()`` alone would
+    also take ``1_700_000_000``, spaces and other scripts' digits, which the signature does
+    not cover as written."""
+    if text.isascii() and text.isdigit() and len(text) <= LONGEST_TIMESTAMP:
+        return int(text)
+    return None
+
+
 @dataclass(frozen=True)
 class HmacSignature:
     """How a callback kind's sender proves itself: an HMAC-SHA256 over timestamp and body.
@@ -56,10 +70,9 @@ class HmacSignature:
         stamp = headers.get(self.timestamp_header.lower())
         if not given or not stamp:
             return f"missing {self.header} or {self.timestamp_header} header"
-        try:
-            timestamp = int(stamp)
-        except ValueError:
-            return f"{self.timestamp_header} is not a Unix time in seconds"
+        timestamp = unix_seconds(stamp)
+        if timestamp is None:
+            return f"{self.timestamp_header} is not a Unix time in seconds (ASCII digits)"
         if abs(now - timestamp) > self.tolerance:
             return f"{self.timestamp_header} is more than {self.tolerance:g} s from now"
         expected = sign(self.secret, timestamp, body)

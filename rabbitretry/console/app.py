@@ -132,10 +132,11 @@ def render(request: Request, template: str, status_code: int = 200, **context: A
 
 
 def notice_of(request: Request) -> str:
-    """The announcement a redirect asked for: a fixed text, with at most a number in it."""
-    count = request.query_params.get("count", "")
+    """The announcement a redirect asked for: a fixed text, with at most a number in it (a
+    count of up to 18 ASCII digits; any other, "some")."""
+    count = forms.bounded_count(request.query_params.get("count", ""))
     text = NOTICES.get(request.query_params.get("notice", ""), "")
-    return text.format(count=f"{int(count):,}" if count.isdigit() else "some")
+    return text.format(count="some" if count is None else f"{count:,}")
 
 
 def refuse_cross_site(request: Request) -> None:

@@ -15,15 +15,50 @@ from rabbitretry.operations import Filter, OperationError
 FILTER_FIELDS = ("status", "queue", "error", "fingerprint", "since", "until", "q")
 
 
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9999, 1, 1, tzinfo=UTC)
+"""The times a filter, a cutoff or a page link may name: a time outside them is a mistake, and
+one near the ends of ``datetime`` cannot even be turned to UTC or sent to PostgreSQL."""
+LONGEST_NUMBER = 18
+"""Digits in a count or a page link's number: any int8 this short fits, none longer is real."""
+
+
 def moment(text: str | None) -> datetime | None:
-    """A form's time (``2026-12-03T07:30`` from a datetime-local input, or ISO); UTC if naive."""
+    """A form's time (``2026-12-03T07:30`` from a datetime-local input, or ISO); UTC if naive.
+    Only a time from 1970 to 9998: anything else is refused (400) before it is compared,
+    shifted or sent to the database."""
     if not text or not text.strip():
         return None
+    value = bounded_time(text.strip())
+    if value is None:
+        raise OperationError(
+            f"{shown(text)} is not a time like 2026-12-03T07:30 "
+            f"(between {EARLIEST:%Y} and {LATEST:%Y})"
+        )
+    return value
+
+
+def bounded_time(text: str) -> datetime | None:
+    """``text`` as an aware time between :data:`EARLIEST` and :data:`LATEST`, or None."""
     try:
-        value = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise OperationError(f"{text!r} is not a time like 2026-12-03T07:30") from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+        value = datetime.fromisoformat(text[:64])
+        value = value if value.tzinfo else value.replace(tzinfo=UTC)
+        value.astimezone(UTC)  # an offset that takes it past year 1 or 9999 overflows
+    except (ValueError, OverflowError):
+        return None
+    return value if EARLIEST <= value < LATEST else None
+
+
+def bounded_count(text: str) -> int | None:
+    """``text`` as a whole number from 0 to 10**18 (ASCII digits only), or None."""
+    if text.isascii() and text.isdigit() and len(text) <= LONGEST_NUMBER:
+        return int(text)
+    return None
+
+
+def shown(text: str, limit: int = 40) -> str:
+    """A value the request sent, quoted and cut short for an error message."""
+    return repr(text[:limit] + "…" if len(text) > limit else text)
 
 
 def filter_from(params: Mapping[str, str], *, limit: int = 200) -> Filter:
@@ -62,7 +97,13 @@ def key_from(value: str) -> Key:
 
 
 def rate_from(text: str | None) -> float | None:
-    return operations.parse_rate(text) if text and text.strip() else None
+    """A replay rate (``20/s``, ``300/m``), refused (400) outside one a minute to 100,000 a
+    second (:func:`rabbitretry.operations.parse_rate`)."""
+    if not text or not text.strip():
+        return None
+    if len(text) > 64:  # parse_rate would quote it whole in its error
+        raise OperationError(f"{shown(text)} is not a rate like 20/s or 300/m")
+    return operations.parse_rate(text)
 
 
 @dataclass(frozen=True)

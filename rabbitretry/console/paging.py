@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 
-from rabbitretry.console.forms import refuse_nul
+from rabbitretry.console.forms import bounded_count, bounded_time, refuse_nul
 from rabbitretry.db import Pool, Record, query
 from rabbitretry.ledger import Key
 from rabbitretry.operations import Filter, OperationError
@@ -34,10 +34,11 @@ class Column:
     """The order a click on the column first gives (newest, largest first)."""
 
     def value(self, text: str) -> Any:
-        """A cursor's sort value, back to this column's type."""
+        """A cursor's sort value, back to this column's type; None when it is not one (a
+        time out of range, a number that is not a count)."""
         if self.type == "time":
-            return datetime.fromisoformat(text)
-        return int(text) if self.type == "number" else text
+            return bounded_time(text)
+        return bounded_count(text) if self.type == "number" else text
 
 
 MESSAGE_COLUMNS = {
@@ -89,8 +90,8 @@ def order_from(params: dict[str, str], columns: dict[str, Column], default: str)
     return Order(
         name,
         direction == "desc",
-        after=_cursor(params.get("after")),
-        before=_cursor(params.get("before")),
+        after=_cursor(params.get("after"), columns[name]),
+        before=_cursor(params.get("before"), columns[name]),
         last=params.get("page") == "last",
     )
 
@@ -108,7 +109,9 @@ def cursor_of(values: Sequence[Any]) -> str:
     return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
-def _cursor(text: str | None) -> list[Any] | None:
+def _cursor(text: str | None, column: Column) -> list[Any] | None:
+    """A page link's cursor: its sort value in ``column``'s type (a time or a count in range,
+    checked here, before any comparison or query), and its two ties."""
     if not text:
         return None
     damaged = OperationError("this page link is damaged: start again from the first page")
@@ -119,7 +122,11 @@ def _cursor(text: str | None) -> list[Any] | None:
     if not isinstance(values, list) or len(values) != 3:
         raise damaged
     refuse_nul(*(str(v) for v in values))
-    return [None if v is None else str(v) for v in values]
+    value, tie_1, tie_2 = (None if v is None else str(v) for v in values)
+    sort_value = None if value is None else column.value(value)
+    if value is not None and sort_value is None:
+        raise damaged
+    return [sort_value, tie_1, tie_2]
 
 
 async def messages(pool: Pool, selection: Filter, order: Order) -> Page:
@@ -172,11 +179,12 @@ async def _count(pool: Pool, statement: str, selection: Filter, order: Order) ->
 
 
 def _cursor_parameters(column: Column, cursor: list[Any] | None) -> list[Any]:
-    """$11 to $15: the cursor's sort value in its type's slot, and its tie."""
+    """$11 to $15: the cursor's sort value (already of its type) in its type's slot, and its
+    tie."""
     if cursor is None:
         return [None] * 5
     value, tie_1, tie_2 = cursor
-    slots = [column.value(value) if slot == column.type else None for slot in SLOTS]
+    slots = [value if slot == column.type else None for slot in SLOTS]
     return [*slots, tie_1, tie_2]
 
 

@@ -33,6 +33,10 @@ SESSION_COOKIE = "rabbitretry_session"
 SESSION_SECONDS = 12 * 3600
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+CLOCK_SKEW = 60
+"""Seconds a session may seem issued in the future (another console's clock ahead of ours)."""
+LATEST_ISSUE = 2**40
+"""A session's issue time is a Unix time below this (the year 36812)."""
 MAX_NAME = 64
 """A longer name would make a cookie the browser may drop (a silent login loop)."""
 
@@ -226,10 +230,15 @@ def decode_session(cookie: str, secret: bytes, now: float | None = None) -> Sess
         return None
     try:
         data = json.loads(base64.urlsafe_b64decode(body))
-        session = Session(user=str(data["u"]), nonce=str(data["n"]), issued=int(data["t"]))
+        session = Session(user=str(data["u"]), nonce=str(data["n"]), issued=data["t"])
     except (ValueError, KeyError, TypeError, binascii.Error):
         return None
-    if (now or time.time()) - session.issued > SESSION_SECONDS:
+    # A whole number of seconds in range before any arithmetic: infinity or 10**400 would
+    # overflow, and a time far ahead would never expire.
+    if type(session.issued) is not int or not 0 <= session.issued <= LATEST_ISSUE:
+        return None
+    age = (now or time.time()) - session.issued
+    if not -CLOCK_SKEW <= age <= SESSION_SECONDS:
         return None
     return session
 

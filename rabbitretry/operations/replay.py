@@ -33,13 +33,21 @@ KEYS_KEPT = 1000  # replayed keys a report lists; a group may be a million
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*(s|sec|second|m|min|minute))?\s*$")
 
 
+MIN_RATE = 1 / 60  # one a minute: a tinier rate would make a replay wait for years
+MAX_RATE = 100_000.0  # a second: above it a rate is no limit at all
+
+
 def parse_rate(text: str) -> float:
-    """``20/s``, ``300/m`` or ``20`` → messages per second."""
+    """``20/s``, ``300/m`` or ``20`` → messages per second, from one a minute to 100,000 a
+    second (``10000...`` digits would read as infinity, ``1e-9`` as never)."""
     match = _RATE.match(text)
     if not match or float(match[1]) <= 0:
         raise OperationError(f"{text!r} is not a rate like 20/s or 300/m")
     per_second = float(match[1])
-    return per_second / 60 if (match[2] or "s").startswith("m") else per_second
+    rate = per_second / 60 if (match[2] or "s").startswith("m") else per_second
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise OperationError(f"{text!r} is not a rate from 1/m to 100,000/s: try 20/s or 300/m")
+    return rate
 
 
 def pause_before(index: int, rate: float | None, started: float, now: float) -> float:

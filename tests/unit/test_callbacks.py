@@ -81,6 +81,30 @@ def test_refusals_say_why(change: dict[str, str | None], now: float, why: str) -
     assert refusal is not None and why in refusal
 
 
+@pytest.mark.parametrize(
+    "stamp",
+    [
+        "1" + "0" * 400,  # an int too large for a float: the subtraction overflowed (a 500)
+        "9" * 10_000,  # past Python's int-parsing digit limit
+        "-" + "9" * 400,
+        "-1",
+        "1e309",
+        "NaN",
+        "inf",
+        "1_700_000_000",  # int() reads it; no sender writes it
+        "\u0661\u0667" + "\u0660" * 8,  # Arabic-Indic 1700000000: int() reads them too
+        " 1700000000",
+        "",
+    ],
+)
+def test_an_absurd_timestamp_is_refused_with_a_reason_not_raised(stamp: str) -> None:
+    headers = lower(SIGNATURE.headers(BODY, NOW)) | {"x-signature-timestamp": stamp}
+    refusal = SIGNATURE.refusal(headers, BODY, NOW)
+    assert refusal is not None and "X-Signature-Timestamp" in refusal, refusal
+    assert len(refusal) < 200  # the header is not echoed whole
+    assert isinstance(decide(KIND, headers, BODY, NOW), Unauthorized)
+
+
 def test_a_signature_does_not_cover_another_body_or_timestamp() -> None:
     headers = lower(SIGNATURE.headers(BODY, NOW))
     assert SIGNATURE.refusal(headers, BODY + b" ", NOW) == "the signature does not match"

@@ -85,6 +85,32 @@ def test_json_lines_hold_any_text_and_the_traceback() -> None:
     assert entry["exception"].startswith("Traceback") and "ValueError: boom" in entry["exception"]
 
 
+FORGED = "\n2026-12-04 18:00:00,000 INFO    rabbitretry.worker: all is well"
+
+
+def test_text_lines_show_control_characters_and_cannot_be_forged() -> None:
+    # A producer's key and error text reach the log: neither may clear the terminal, recolour
+    # it, or start a line that reads as a record of its own.
+    stream = io.StringIO()
+    logs.configure(stream=stream)
+    try:
+        raise ValueError(f"boom\x1b[31m{FORGED}")
+    except ValueError:
+        logging.getLogger("rabbitretry.test").exception(
+            "orders/%s: dead", "k\x1b[2J\r\u202e" + FORGED
+        )
+    text = stream.getvalue()
+    lines = text.splitlines()
+    assert "\x1b" not in text and "\r" not in text and "\u202e" not in text
+    first = "orders/k[U+001B][2J[U+000D][U+202E][U+000A]2026-12-04 18:00:00,000 INFO"
+    assert first in lines[0] and lines[0].endswith("rabbitretry.worker: all is well: dead")
+    # The traceback follows, indented: a line at the first column always starts a record.
+    assert [line for line in lines if not line[:1].isspace()] == lines[:1]
+    assert lines[1].strip() == "Traceback (most recent call last):"
+    assert "ValueError: boom[U+001B][31m" in text
+    assert "    2026-12-04 18:00:00,000 INFO    rabbitretry.worker: all is well" in lines
+
+
 def test_configure_applies_the_chosen_level_and_format() -> None:
     stream = io.StringIO()
     logs.choose(logs.Level.warning, logs.Format.json)

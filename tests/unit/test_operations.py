@@ -103,3 +103,13 @@ def test_export_line_keeps_binary_payloads_as_base64() -> None:
 def test_report_summary_says_why_it_stopped() -> None:
     report = ReplayReport(targets=5, replayed=1, canary="q/1 dead", stopped="the canary is dead")
     assert report.summary() == "replayed 1 of 5; canary q/1 dead; stopped: the canary is dead"
+
+
+@pytest.mark.parametrize("text", ["1" * 10_000, "0.001/s", "0.5/m", "100001/s"])
+def test_a_rate_outside_one_a_minute_to_100000_a_second_is_refused(text: str) -> None:
+    with pytest.raises(OperationError, match="is not a rate from 1/m to 100,000/s"):
+        parse_rate(text)
+
+
+def test_the_bounds_themselves_are_rates() -> None:
+    assert (parse_rate("1/m"), parse_rate("100000/s")) == (1 / 60, 100_000.0)
