@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import sys
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, TextIO
+
+from rabbitretry.message.literal import visible
 
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 QUIET_LIBRARIES = ("aio_pika", "aiormq")
@@ -71,17 +72,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-# C0 and C1 controls, and the Unicode bidi controls and marks (the rule of
-# ``rabbitretry.message.literal``, a layer above this one): in a message, newlines too.
-_HIDDEN_IN_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-_HIDDEN_IN_BLOCK = re.compile(
-    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
-)
 CONTINUATION = "    "
-
-
-def _spelled(pattern: re.Pattern[str], text: str) -> str:
-    return pattern.sub(lambda m: f"[U+{ord(m[0]):04X}]", text)
 
 
 class TextFormatter(logging.Formatter):
@@ -98,7 +89,7 @@ class TextFormatter(logging.Formatter):
         super().__init__(TEXT_FORMAT)
 
     def format(self, record: logging.LogRecord) -> str:
-        record.message = _spelled(_HIDDEN_IN_LINE, record.getMessage())
+        record.message = visible(record.getMessage(), keep="")  # a newline, too
         record.asctime = self.formatTime(record, self.datefmt)
         blocks = [self.formatMessage(record)]
         if record.exc_info:
@@ -109,7 +100,7 @@ class TextFormatter(logging.Formatter):
             blocks.append(self.formatStack(record.stack_info))
         head, *rest = blocks
         lines = [
-            CONTINUATION + _spelled(_HIDDEN_IN_BLOCK, line)
+            CONTINUATION + visible(line, keep="\n")
             for block in rest
             for line in block.rstrip("\n").split("\n")  # \r, \v and the like: spelled out
         ]

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import re
 
-# C0 and C1 controls but tab and newline, and the Unicode bidi controls and marks.
-_HIDDEN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# C0 and C1 controls, and the Unicode bidi controls and marks.
+_HIDDEN = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
-def visible(text: str) -> str:
-    """``text`` with its hidden and direction-changing characters spelled out."""
-    return _HIDDEN.sub(lambda m: f"[U+{ord(m[0]):04X}]", text)
+def visible(text: str, keep: str = "\t\n") -> str:
+    """``text`` with its hidden and direction-changing characters spelled out, but those in
+    ``keep`` (by default tab and newline: a page or a table lays them out)."""
+    return _HIDDEN.sub(lambda m: m[0] if m[0] in keep else f"[U+{ord(m[0]):04X}]", text)
