@@ -12,9 +12,9 @@ Checks, each naming the keys that break it:
 And two figures, reported but not (yet) rules, from the handler starts the drill consumer
 records outside the database (see :mod:`drills.consumer`), compared with the attempt log:
 
-* attempts charged without a handler run: an attempt-log row whose handler never started
-  (a worker killed between its claim and its handler, a claim whose commit the worker never
-  heard of because the database went away); the goal is 0;
+* attempts charged without a handler run: a counted attempt-log row whose handler never
+  started (a worker killed after its start mark and before its handler's first line); claims
+  given back as ``NotStarted`` are not counted, so they are not charged; the goal is 0;
 * handler runs not charged: a handler start with no attempt-log row for it (a claim the ledger
   forgot, e.g. an unflushed commit lost in a database crash, its attempt number then given
   again). Every such run is an attempt the crash-loop guard never counted.
@@ -201,6 +201,8 @@ async def _compare_handler_runs(
         " FROM rabbitretry.attempt WHERE queue = $1 ORDER BY message_id, attempt",
         queue,
     ):
+        if row["error_type"] == "NotStarted":
+            continue  # a claim given back: its handler never ran, and it was not counted
         pair = (row["message_id"], row["budget_attempt"])
         charged[pair] += 1
         how = row["outcome"] or "open"

@@ -222,6 +222,30 @@ async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> Poo
     return pool
 
 
+SILENT_AFTER = 10.0
+"""Seconds a worker's ledger statement waits for an answer before the database is taken for
+silent (a partition, a hung server): an outage. The ledger's own statements take
+milliseconds; the driver's statement timeout (60 s) is for everything else."""
+
+
+class DatabaseSilent(TimeoutError):
+    """The database kept the connection but gave no answer in time: an outage."""
+
+
+@contextlib.asynccontextmanager
+async def answering(pool: Pool, within: float | None = None) -> AsyncIterator[PooledConnection]:
+    """A connection of ``pool`` whose work must be answered ``within`` seconds (from the
+    acquire on; :data:`SILENT_AFTER` by default): past that, the connection is terminated (see
+    :func:`held`) and :class:`DatabaseSilent` raised."""
+    within = SILENT_AFTER if within is None else within
+    try:
+        async with asyncio.timeout(within):
+            async with held(pool) as connection:
+                yield connection
+    except TimeoutError as error:
+        raise DatabaseSilent(f"the database gave no answer within {within:g} s") from error
+
+
 @contextlib.asynccontextmanager
 async def held(pool: Pool) -> AsyncIterator[PooledConnection]:
     """A connection of ``pool`` for work bounded from outside (``asyncio.timeout``): when the

@@ -1,6 +1,8 @@
 """A TCP proxy on loopback that a test can cut, stall and restore, to drop a service mid-run
 (``cut``: every connection closes) or to silence it (``stall``: connections stay open but no
-byte goes through, as in a network partition or a hung server)."""
+byte goes through, as in a network partition or a hung server; ``stall(replies_only=True)``:
+requests still reach the service, which acts on them, but its replies are held, as when a
+connection dies after a commit and before its answer)."""
 
 from __future__ import annotations
 
@@ -16,10 +18,12 @@ class Proxy:
         self._server: asyncio.Server | None = None
         self._pipes: set[asyncio.StreamWriter] = set()
         self._refusing = False
-        # Set while bytes flow; cleared by stall(). Bytes read while it is clear are held and
-        # go through on restore(), as TCP delivers them once a partition heals.
-        self._flowing = asyncio.Event()
-        self._flowing.set()
+        # Set while bytes flow (to the service, and back); cleared by stall(). Bytes read while
+        # one is clear are held and go through on restore(), as TCP delivers them once a
+        # partition heals.
+        self._requests_flow = asyncio.Event()
+        self._replies_flow = asyncio.Event()
+        self.restore()
 
     async def start(self) -> Proxy:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -40,18 +44,22 @@ class Proxy:
             writer.close()
         self._pipes.clear()
 
-    def stall(self) -> None:
-        """Keep every connection (and accept new ones) but forward no byte either way."""
-        self._flowing.clear()
+    def stall(self, *, replies_only: bool = False) -> None:
+        """Keep every connection (and accept new ones) but forward no byte either way, or,
+        with ``replies_only``, none from the service back to its clients."""
+        self._replies_flow.clear()
+        if not replies_only:
+            self._requests_flow.clear()
 
     def restore(self) -> None:
         """Accept connections again and forward what a stall held back."""
         self._refusing = False
-        self._flowing.set()
+        self._requests_flow.set()
+        self._replies_flow.set()
 
     async def close(self) -> None:
         await self.cut()
-        self._flowing.set()  # a stalled pump wakes, finds its writer closed and ends
+        self.restore()  # a stalled pump wakes, finds its writer closed and ends
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -67,13 +75,17 @@ class Proxy:
             return
         self._pipes.update((writer, up_writer))
         await asyncio.gather(
-            self._pump(reader, up_writer), self._pump(up_reader, writer), return_exceptions=True
+            self._pump(reader, up_writer, self._requests_flow),
+            self._pump(up_reader, writer, self._replies_flow),
+            return_exceptions=True,
         )
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, flowing: asyncio.Event
+    ) -> None:
         try:
             while data := await reader.read(65536):
-                await self._flowing.wait()
+                await flowing.wait()
                 if writer.is_closing():
                     break
                 writer.write(data)

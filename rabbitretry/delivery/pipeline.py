@@ -36,7 +36,7 @@ from rabbitretry import db, tracing
 from rabbitretry.amqp import ConfirmingPublisher, IncomingMessage
 from rabbitretry.consumer import Consumer, Context
 from rabbitretry.db import Pool
-from rabbitretry.delivery.attempt import oversize, run_attempt
+from rabbitretry.delivery.attempt import NotStarted, oversize, run_attempt
 from rabbitretry.delivery.copies import Copies, snapshot_of
 from rabbitretry.delivery.lease import lease_kept
 from rabbitretry.delivery.log_fields import LogFields
@@ -180,15 +180,7 @@ class Pipeline:
             if db.is_content_error(error):
                 return await self.verdicts.unstorable(key, snapshot, error)
             if db.is_outage(error):
-                # The claim may have committed before its reply was lost: give it back once
-                # the ledger answers, so that the outage charges no attempt.
-                self.ledger_gate.report(error)
-                if await self.ledger_gate.passable():
-                    await self.ledger.release_claim(key, self.worker_id)
-                    # The delivery is still ours: take it up again rather than requeue it,
-                    # as every requeue counts against a quorum queue's delivery limit.
-                    return await self._process(message)
-                return Outcome(key, "requeued")
+                return await self._given_back(message, key, error)
             raise
         if claim.verdict in ("finished", "stale"):
             log.debug(
@@ -208,18 +200,18 @@ class Pipeline:
                 return await self.verdicts.reject(key, "unpublishable", refused, snapshot)
             return Outcome(key, "parked", claim.attempt)
         if claim.verdict == "exhausted":
-            log.error(
-                "%s: dead (crashed) after %d attempts: the worker died in the last",
-                key,
-                claim.attempt,
-                extra=self._fields(key, attempt=claim.attempt, outcome="dead", reason="crashed"),
-            )
-            row = await self.ledger.get(key)
-            failure = rejection(self.queue, "WorkerLost", row["error_message"] if row else "")
-            await self.copies.publish_dead(key, snapshot, "crashed", failure, claim.attempt)
-            return Outcome(key, "dead", claim.attempt)
+            return await self._exhausted(key, claim, snapshot)
         try:
             return await self._attempt(message, key, claim, snapshot)
+        except NotStarted as not_started:
+            return await self._not_started(message, key, not_started.cause)
+        except Exception as error:
+            if not db.is_outage(error):
+                # A bug of ours after the claim: the attempt counts (as if its handler had
+                # started), so that a message that always meets it ends dead, not in a loop.
+                with contextlib.suppress(Exception):
+                    await (await self.ledger.mark_started(key, claim.attempt))
+            raise
         except asyncio.CancelledError:
             # A shutdown, at any step of the attempt: it does not count.
             with contextlib.suppress(Exception):
@@ -232,6 +224,24 @@ class Pipeline:
             )
             raise
 
+    async def _exhausted(self, key: Key, claim: Claim, snapshot: Snapshot) -> Outcome:
+        """The claim found the budget spent (the last attempt's worker died in it, or the
+        budget was lowered): the row is dead now; publish its dead letter."""
+        row = await self.ledger.get(key)
+        reason = row["reason"] if row and row["reason"] else "crashed"
+        log.error(
+            "%s: dead (%s) after %d attempts%s",
+            key,
+            reason,
+            claim.attempt,
+            ": the worker died in the last" if reason == "crashed" else "",
+            extra=self._fields(key, attempt=claim.attempt, outcome="dead", reason=reason),
+        )
+        error_type = (row["error_type"] if row else None) or "WorkerLost"
+        failure = rejection(self.queue, error_type, row["error_message"] if row else "")
+        await self.copies.publish_dead(key, snapshot, reason, failure, claim.attempt)
+        return Outcome(key, "dead", claim.attempt)
+
     async def _claim(self, request: ClaimRequest) -> Claim:
         """The claim; a shutdown that arrives meanwhile gives back a claim that landed."""
         claiming = self.ledger.claim_sent(request)
@@ -243,6 +253,31 @@ class Pipeline:
                 if claim.verdict == "claimed":
                     await self.ledger.interrupt(request.key, claim.attempt)
             raise
+
+    async def _not_started(self, message: IncomingMessage, key: Key, cause: Exception) -> Outcome:
+        """The start mark could not be sent, so the handler did not run: nothing is charged."""
+        if db.is_outage(cause):
+            return await self._given_back(message, key, cause)
+        raise cause
+
+    async def _mark_started(self, key: Key, claim: Claim) -> None:
+        """Send the handler's start mark; the handler runs while it commits (its outcome is
+        seen by the attempt's final write, which finds the attempt gone if it was not ours)."""
+        marked = await self.ledger.mark_started(key, claim.attempt)
+        marked.add_done_callback(_retrieved)
+
+    async def _given_back(self, message: IncomingMessage, key: Key, error: Exception) -> Outcome:
+        """The ledger went away with a claim or a start mark on its way: the write may have
+        committed with its reply lost. Once the ledger answers the claim is given back, so that
+        the outage charges no attempt (an attempt without its start mark is never charged, even
+        if this worker never gets to give it back)."""
+        self.ledger_gate.report(error)
+        if not await self.ledger_gate.passable():
+            return Outcome(key, "requeued")
+        await self.ledger.release_claim(key, self.worker_id)
+        # The delivery is still ours: take it up again rather than requeue it, as every
+        # requeue counts against a quorum queue's delivery limit.
+        return await self._process(message)
 
     async def _attempt(
         self, message: IncomingMessage, key: Key, claim: Claim, snapshot: Snapshot
@@ -266,6 +301,7 @@ class Pipeline:
                 born=born,
                 now=datetime.now(UTC),
                 new_transaction=lambda: AttemptTransaction(self.pool),
+                before_handler=lambda: self._mark_started(key, claim),
             )
         tracing.record_attempt(ctx.attempt, ctx.max_attempts, result)
         outcome = await self.verdicts.record(key, claim, snapshot, result)
@@ -298,3 +334,10 @@ class Pipeline:
             ),
         )
         return outcome
+
+
+def _retrieved(marked: asyncio.Future[bool]) -> None:
+    """A start mark's outcome, read so that a failed one is not reported as never retrieved:
+    its attempt's final write meets the same outage, or finds the attempt gone."""
+    if not marked.cancelled() and marked.exception() is not None:
+        log.debug("a start mark failed: %r", marked.exception())

@@ -16,7 +16,7 @@ and tests that set up a state.
 """
 
 from rabbitretry.ledger.attempts import AttemptLedger
-from rabbitretry.ledger.commits import ClaimRequest, SuccessRequest
+from rabbitretry.ledger.commits import AttemptRef, ClaimRequest
 from rabbitretry.ledger.statements import (
     FINISHED,
     MISSING_ID_PREFIX,
@@ -35,11 +35,11 @@ __all__ = [
     "FINISHED",
     "MISSING_ID_PREFIX",
     "AttemptLedger",
+    "AttemptRef",
     "Claim",
     "ClaimRequest",
     "Key",
     "Snapshot",
-    "SuccessRequest",
     "Verdict",
     "claim",
     "get",

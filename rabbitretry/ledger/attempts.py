@@ -1,8 +1,10 @@
-"""The one road for an attempt's ledger writes: claim, renew, finish, retry, interrupt, reject.
+"""The one road for an attempt's ledger writes: claim, start, renew, finish, retry, interrupt,
+reject.
 
-The delivery pipeline writes the ledger only through :class:`AttemptLedger`. Claims and plain
-success marks of concurrent attempts go through the commit groups; a success mark whose handler
-used ``ctx.transaction()`` commits inside that transaction; everything else is one statement.
+The delivery pipeline writes the ledger only through :class:`AttemptLedger`. Claims, start
+marks and plain success marks of concurrent attempts go through the commit groups; a success
+mark whose handler used ``ctx.transaction()`` commits inside that transaction; everything else
+is one statement.
 """
 
 from __future__ import annotations
@@ -11,10 +13,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Literal, Protocol
 
-from rabbitretry.db import Connection, Pool, Record, write_refusal
+from rabbitretry.db import Connection, Pool, Record, answering, write_refusal
 from rabbitretry.errors import ServiceUnavailable
 from rabbitretry.ledger import repairs, statements
-from rabbitretry.ledger.commits import ClaimRequest, SuccessRequest, commits_for
+from rabbitretry.ledger.commits import AttemptRef, ClaimRequest, commits_for
 from rabbitretry.ledger.failures import Failure
 from rabbitretry.ledger.statements import FINISHED, Claim, Key, Snapshot
 
@@ -28,7 +30,12 @@ class OpenTransaction(Protocol):
 
 
 class AttemptLedger:
-    """Ledger writes of the attempts of one worker (one pool)."""
+    """Ledger writes of the attempts of one worker (one pool).
+
+    Every write is answered within :data:`rabbitretry.db.SILENT_AFTER` seconds or raises
+    :class:`~rabbitretry.db.DatabaseSilent` (an outage): a database that keeps the connection
+    but stops answering closes the worker's outage gate instead of holding its deliveries.
+    """
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
@@ -42,15 +49,23 @@ class AttemptLedger:
         does not cancel (the claim may still commit, and must then be given back)."""
         return self._commits.claims.enqueue(request)
 
+    async def mark_started(self, key: Key, attempt: int) -> asyncio.Future[bool]:
+        """The handler of ``attempt`` is about to run: from now on the attempt counts, even
+        if the worker dies. Returns once the mark is sent (its commit is not waited for: the
+        handler's run overlaps it), with the future of its result: False if the attempt was no
+        longer ours. Raises if the mark could not be sent."""
+        return await self._commits.starts.send(AttemptRef(key, attempt))
+
     async def renew_lease(self, key: Key, attempt: int, lease_seconds: float) -> bool:
-        return await statements.renew_lease(self.pool, key, attempt, lease_seconds)
+        async with answering(self.pool) as conn:
+            return await statements.renew_lease(conn, key, attempt, lease_seconds)
 
     async def succeed(
         self, key: Key, attempt: int, transaction: OpenTransaction | None = None
     ) -> bool:
         """Mark ``attempt`` succeeded (in ``transaction``, if the handler opened one)."""
         if transaction is None:
-            return await self._commits.successes.submit(SuccessRequest(key, attempt))
+            return await self._commits.successes.submit(AttemptRef(key, attempt))
 
         async def mark(conn: Connection) -> bool:
             return await statements.finish(conn, key, attempt, "succeeded")
@@ -66,20 +81,24 @@ class AttemptLedger:
         reason: str,
         failure: Failure | None = None,
     ) -> bool:
-        return await statements.finish(
-            self.pool, key, attempt, status, reason=reason, failure=failure
-        )
+        async with answering(self.pool) as conn:
+            return await statements.finish(
+                conn, key, attempt, status, reason=reason, failure=failure
+            )
 
     async def schedule_retry(
         self, key: Key, attempt: int, delay: float, failure: Failure
     ) -> float | None:
-        return await statements.schedule_retry(self.pool, key, attempt, delay, failure)
+        async with answering(self.pool) as conn:
+            return await statements.schedule_retry(conn, key, attempt, delay, failure)
 
     async def confirm_retry_copy(self, key: Key, attempt: int) -> None:
-        await statements.confirm_retry_copy(self.pool, key, attempt)
+        async with answering(self.pool) as conn:
+            await statements.confirm_retry_copy(conn, key, attempt)
 
     async def interrupt(self, key: Key, attempt: int) -> bool:
-        return await statements.interrupt(self.pool, key, attempt)
+        async with answering(self.pool) as conn:
+            return await statements.interrupt(conn, key, attempt)
 
     async def record_rejected(
         self,
@@ -90,22 +109,25 @@ class AttemptLedger:
         failure: Failure,
         snapshot: Snapshot,
     ) -> bool:
-        return await statements.record_rejected(
-            self.pool,
-            key,
-            max_attempts=max_attempts,
-            reason=reason,
-            failure=failure,
-            snapshot=snapshot,
-        )
+        async with answering(self.pool) as conn:
+            return await statements.record_rejected(
+                conn,
+                key,
+                max_attempts=max_attempts,
+                reason=reason,
+                failure=failure,
+                snapshot=snapshot,
+            )
 
     async def refuse_in_flight(self, key: Key, reason: str, failure: Failure) -> bool:
         """A row still in flight whose copy is refused before the claim: dead for ``reason``
         (:func:`rabbitretry.ledger.repairs.refuse_in_flight`); False if it was not in flight."""
-        return await repairs.refuse_in_flight(self.pool, key, reason, failure)
+        async with answering(self.pool) as conn:
+            return await repairs.refuse_in_flight(conn, key, reason, failure)
 
     async def get(self, key: Key) -> Record | None:
-        return await statements.get(self.pool, key)
+        async with answering(self.pool) as conn:
+            return await statements.get(conn, key)
 
     async def owned_elsewhere(self, key: Key, attempt: int) -> bool:
         """After a final write of ``attempt`` matched no row: is the work safe without us?
@@ -114,14 +136,15 @@ class AttemptLedger:
         the row is gone or still at ``attempt`` (a claim lost in a database crash): the
         delivery must then be requeued, never acked.
         """
-        row = await statements.get(self.pool, key)
+        row = await self.get(key)
         if row is None:
             return False
         return row["status"] in FINISHED or row["attempts"] > attempt
 
     async def release_claim(self, key: Key, worker: str) -> None:
         """Give back a claim of ``worker`` whose reply was lost: it is not counted."""
-        await statements.release_claim(self.pool, key, worker)
+        async with answering(self.pool) as conn:
+            await statements.release_claim(conn, key, worker)
 
     async def reconnect(self) -> None:
         """Raises unless the ledger answers and would take a write; a probe during an outage.
@@ -132,7 +155,7 @@ class AttemptLedger:
         ``SELECT 1``, so the probe asks whether it would write.
         """
         await self.pool.expire_connections()
-        async with asyncio.timeout(PING_TIMEOUT):
-            refusal = await write_refusal(self.pool)
+        async with answering(self.pool, PING_TIMEOUT) as conn:
+            refusal = await write_refusal(conn)
         if refusal is not None:
             raise ServiceUnavailable(f"the ledger refuses writes: {refusal}")

@@ -27,7 +27,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from rabbitretry.db import Connection, Pool, query
+from rabbitretry import db
+from rabbitretry.db import Connection, DatabaseSilent, Pool, query
 from rabbitretry.ledger import statements
 from rabbitretry.ledger.statements import Claim, Key, Snapshot
 from rabbitretry.message.storable import encode_table
@@ -60,10 +61,22 @@ class CommitGroup(Generic[Request, Result]):
         self._writers: set[asyncio.Task[None]] = set()
         self._idle = 0  # writers waiting for work on their connection
         self._sleepers: list[asyncio.Future[None]] = []  # what wakes the idle writers
+        # Of the writes whose caller waits only until they are sent (see send): result -> sent.
+        self._sent: dict[asyncio.Future[Result], asyncio.Future[None]] = {}
 
     async def submit(self, request: Request) -> Result:
         """Write ``request`` with the next group; returns once that group has committed."""
         return await self.enqueue(request)
+
+    async def send(self, request: Request) -> asyncio.Future[Result]:
+        """Write ``request`` with the next group; returns once its statement is on its way to
+        the database (written to the connection), with the future of its result. Raises if
+        it could not be sent (no connection)."""
+        result = self.enqueue(request)
+        sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._sent[result] = sent
+        await sent
+        return result
 
     def enqueue(self, request: Request) -> asyncio.Future[Result]:
         """Queue ``request`` for the next group: the future of its result, set on commit."""
@@ -86,16 +99,18 @@ class CommitGroup(Generic[Request, Result]):
             while self._waiting:
                 # One connection while writes keep coming: a pool hands each connection
                 # back with a reset query, a round trip per write otherwise.
-                async with self._pool.acquire() as conn:
+                async with self._pool.acquire(timeout=db.SILENT_AFTER) as conn:
+                    prepared: set[bool] = set()  # statement shapes run on conn (one, many)
                     while await self._more_soon() and not conn.is_closed():
                         group = self._waiting[: self._max_group]
                         del self._waiting[: self._max_group]
-                        await self._write(conn, group)
+                        await self._write(conn, group, prepared)
                         group = []
         except BaseException as error:
             # No connection (the database is away), or cancelled with the event loop: every
             # waiting caller gets the error rather than waiting forever.
             for _, future in group + self._waiting:
+                self._mark_sent(future, error)
                 if future.done():
                     continue
                 if isinstance(error, Exception):
@@ -130,15 +145,27 @@ class CommitGroup(Generic[Request, Result]):
         return True
 
     async def _write(
-        self, conn: Connection, group: list[tuple[Request, asyncio.Future[Result]]]
+        self,
+        conn: Connection,
+        group: list[tuple[Request, asyncio.Future[Result]]],
+        prepared: set[bool],
     ) -> None:
         requests = [request for request, _ in group]
         outcomes: list[Result | BaseException] = []
         try:
-            if len(requests) == 1:
-                outcomes = [await self._run_one(conn, requests[0])]
-            else:
-                outcomes = list(await self._run_group(conn, requests))
+            shape = len(requests) == 1
+            async with asyncio.timeout(db.SILENT_AFTER):
+                if self._sent and shape in prepared:
+                    outcomes = list(await self._sent_then_run(conn, group))
+                else:
+                    outcomes = list(await self._statement(conn, requests))
+            prepared.add(shape)
+        except TimeoutError:
+            # A silent database: the connection may never answer; the writes of the group
+            # are an outage for their callers, and the connection is not used again.
+            conn.terminate()
+            silent = DatabaseSilent(f"the database gave no answer within {db.SILENT_AFTER:g} s")
+            outcomes = [silent] * len(requests)
         except Exception as error:
             if len(requests) == 1:
                 outcomes = [error]
@@ -146,12 +173,49 @@ class CommitGroup(Generic[Request, Result]):
                 # Each write on its own: the error a caller sees is its own, if any.
                 outcomes = [await _outcome(self._run_one(conn, r)) for r in requests]
         for (_, future), outcome in zip(group, outcomes, strict=True):
+            self._mark_sent(future)
             if future.done():  # its caller was cancelled (a shutdown)
                 continue
             if isinstance(outcome, BaseException):
                 future.set_exception(outcome)
             else:
                 future.set_result(outcome)
+
+    async def _sent_then_run(
+        self, conn: Connection, group: list[tuple[Request, asyncio.Future[Result]]]
+    ) -> list[Result]:
+        """The group's statement, its callers told once it is on its way (see :meth:`send`).
+
+        One turn of the loop runs the statement's first step, which writes it to the
+        connection: asyncpg sends a statement it has prepared on this connection before it
+        first waits. (One it has not yet prepared waits for the server's description first:
+        for that one, "sent" waits for the result.)
+        """
+        statement = self._statement(conn, [r for r, _ in group])
+        running = asyncio.create_task(statement)
+        await asyncio.sleep(0)
+        failed = running.exception() if running.done() else None
+        for _, future in group:
+            self._mark_sent(future, failed)
+        return await running
+
+    async def _statement(self, conn: Connection, requests: list[Request]) -> list[Result]:
+        if len(requests) == 1:
+            return [await self._run_one(conn, requests[0])]
+        return list(await self._run_group(conn, requests))
+
+    def _mark_sent(
+        self, result: asyncio.Future[Result], error: BaseException | None = None
+    ) -> None:
+        sent = self._sent.pop(result, None)
+        if sent is None or sent.done():
+            return
+        if isinstance(error, Exception):
+            sent.set_exception(error)
+        elif error is not None:
+            sent.cancel()
+        else:
+            sent.set_result(None)
 
 
 def _wake(sleeper: asyncio.Future[None]) -> None:
@@ -177,19 +241,25 @@ class ClaimRequest:
 
 
 @dataclass(frozen=True)
-class SuccessRequest:
+class AttemptRef:
+    """One attempt of a key: what a success mark or a start mark names."""
+
     key: Key
     attempt: int
 
 
 class LedgerCommits:
-    """The commit groups of one ledger pool: claims, and success marks without effects."""
+    """The commit groups of one ledger pool: claims, start marks, and success marks without
+    effects."""
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
         self.claims: CommitGroup[ClaimRequest, Claim] = CommitGroup(pool, _claim_group, _claim_one)
-        self.successes: CommitGroup[SuccessRequest, bool] = CommitGroup(
-            pool, _success_group, _success_one
+        self.starts: CommitGroup[AttemptRef, bool] = CommitGroup(
+            pool, _marks_group("batching_started_many"), _start_one
+        )
+        self.successes: CommitGroup[AttemptRef, bool] = CommitGroup(
+            pool, _marks_group("batching_succeeded_many"), _success_one
         )
 
 
@@ -232,20 +302,32 @@ async def _claim_group(conn: Connection, requests: Sequence[ClaimRequest]) -> li
     return [c for c in claims if c is not None]
 
 
-async def _success_one(conn: Connection, r: SuccessRequest) -> bool:
+async def _start_one(conn: Connection, r: AttemptRef) -> bool:
+    return await statements.mark_started(conn, r.key, r.attempt)
+
+
+async def _success_one(conn: Connection, r: AttemptRef) -> bool:
     return await statements.finish(conn, r.key, r.attempt, "succeeded")
 
 
-async def _success_group(conn: Connection, requests: Sequence[SuccessRequest]) -> list[bool]:
-    rs = sorted(requests, key=lambda r: _key_order(r.key))
-    rows = await conn.fetch(
-        query("batching_succeeded_many"),
-        [r.key.queue for r in rs],
-        [r.key.message_id for r in rs],
-        [r.attempt for r in rs],
-    )
-    marked = {(row["queue"], row["message_id"], row["attempt"]) for row in rows}
-    return [(r.key.queue, r.key.message_id, r.attempt) in marked for r in requests]
+def _marks_group(
+    statement: str,
+) -> Callable[[Connection, Sequence[AttemptRef]], Awaitable[list[bool]]]:
+    """A group of marks of attempts by ``statement``, which returns the attempts it marked
+    (one missing was no longer current)."""
+
+    async def run(conn: Connection, requests: Sequence[AttemptRef]) -> list[bool]:
+        rs = sorted(requests, key=lambda r: _key_order(r.key))
+        rows = await conn.fetch(
+            query(statement),
+            [r.key.queue for r in rs],
+            [r.key.message_id for r in rs],
+            [r.attempt for r in rs],
+        )
+        marked = {(row["queue"], row["message_id"], row["attempt"]) for row in rows}
+        return [(r.key.queue, r.key.message_id, r.attempt) in marked for r in requests]
+
+    return run
 
 
 def _key_order(key: Key) -> tuple[str, str]:

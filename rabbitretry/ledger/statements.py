@@ -96,6 +96,14 @@ def claim_of(row: Record) -> Claim:
     )
 
 
+async def mark_started(executor: Executor, key: Key, attempt: int) -> bool:
+    """The handler of ``attempt`` starts: it counts from now on; False if it is not ours."""
+    return (
+        await executor.fetchval(query("mark_started"), key.queue, key.message_id, attempt)
+        is not None
+    )
+
+
 async def renew_lease(executor: Executor, key: Key, attempt: int, lease_seconds: float) -> bool:
     return (
         await executor.fetchval(

@@ -46,7 +46,8 @@ RETURNING l.queue, l.message_id, l.attempts, l.first_seen, l.payload, l.headers,
 
 -- name: reconcile_skip_expired
 -- Work that is no longer valid ($3: the reason) is finished as skipped, never executed: a
--- retry waiting for its turn, or an attempt whose worker died (its attempt is logged crashed).
+-- retry waiting for its turn, or an attempt whose worker died (its open attempt is closed by
+-- rabbitretry.close_lapsed_attempt).
 -- Returns 1 when the row was skipped, 0 when it had moved on meanwhile.
 WITH skipped AS (
     UPDATE rabbitretry.ledger
@@ -55,15 +56,11 @@ WITH skipped AS (
     WHERE queue = $1 AND message_id = $2
       AND (status = 'retrying' OR (status = 'processing' AND lease_until < now()))
     RETURNING queue, message_id, attempts
-), crashed AS (
-    UPDATE rabbitretry.attempt a
-    SET finished_at = now(), outcome = 'crashed', error_type = 'WorkerLost',
-        error_message = 'the worker stopped renewing its lease before the attempt finished'
+), closed AS (
+    SELECT rabbitretry.close_lapsed_attempt(s.queue, s.message_id, s.attempts)
     FROM skipped s
-    WHERE a.queue = s.queue AND a.message_id = s.message_id AND a.attempt = s.attempts
-      AND a.outcome IS NULL
 )
-SELECT count(*)::int FROM skipped;
+SELECT count(*)::int FROM closed;
 
 -- name: dead_queue_record
 -- Messages taken off work queue $1's dead-letter queue, stored dead with reason $3 (also their
@@ -90,7 +87,7 @@ RETURNING l.message_id;
 -- A message whose copies are refused before the claim ($3: the reason, e.g. too-large; $4-$6:
 -- the failure's type, message and fingerprint) can never be handled: a row still in flight, a
 -- `retrying` one or a `processing` one whose lease ran out, is finished dead with that reason
--- (its open attempt logged crashed), so that nothing re-drives it. A live lease is left to its
+-- (its open attempt closed by rabbitretry.close_lapsed_attempt), so that nothing re-drives it. A live lease is left to its
 -- owner. Returns 1 when the row died, 0 when it was not in flight.
 WITH refused AS (
     UPDATE rabbitretry.ledger
@@ -100,12 +97,8 @@ WITH refused AS (
     WHERE queue = $1 AND message_id = $2
       AND (status = 'retrying' OR (status = 'processing' AND lease_until < now()))
     RETURNING queue, message_id, attempts
-), crashed AS (
-    UPDATE rabbitretry.attempt a
-    SET finished_at = now(), outcome = 'crashed', error_type = 'WorkerLost',
-        error_message = 'the worker stopped renewing its lease before the attempt finished'
+), closed AS (
+    SELECT rabbitretry.close_lapsed_attempt(r.queue, r.message_id, r.attempts)
     FROM refused r
-    WHERE a.queue = r.queue AND a.message_id = r.message_id AND a.attempt = r.attempts
-      AND a.outcome IS NULL
 )
-SELECT count(*)::int FROM refused;
+SELECT count(*)::int FROM closed;

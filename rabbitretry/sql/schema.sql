@@ -1,5 +1,5 @@
 -- The ledger database of rabbitretry, whole: every table, index, constraint, function and
--- trigger of the schema `rabbitretry` as the migrations 0001 to 0009 leave it, in one file to
+-- trigger of the schema `rabbitretry` as the migrations 0001 to 0010 leave it, in one file to
 -- read (what is stored, and why) and to build an empty database from in one step:
 --
 --     psql --single-transaction -f rabbitretry/sql/schema.sql "$RABBITRETRY_DATABASE_URL"
@@ -89,10 +89,48 @@ CREATE TABLE rabbitretry.attempt (
     error_traceback text,
     retry_at        timestamptz,  -- when the next attempt was scheduled for (outcome retry)
     worker          text        NOT NULL,
+    -- Set just before the handler runs: a lapsed attempt without it never ran, and is not
+    -- counted (the claim function).
+    handler_started_at timestamptz,
     PRIMARY KEY (queue, message_id, attempt),
     FOREIGN KEY (queue, message_id) REFERENCES rabbitretry.ledger (queue, message_id)
         ON DELETE CASCADE
 );
+
+-- Close the open attempt `p_attempt` of a key whose lease ran out: 'crashed' (WorkerLost) when
+-- its handler had started (the worker died or stalled inside it: it counts, so that a message
+-- that kills its worker ends dead), 'not-started' when it had not (the worker died, or lost
+-- the claim's reply, first: logged interrupted, NotStarted; the caller forgives it), NULL when
+-- the attempt was not open. Only the attempt log is written.
+CREATE FUNCTION rabbitretry.close_lapsed_attempt(
+    p_queue text, p_message_id text, p_attempt integer
+) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    started timestamptz;
+BEGIN
+    SELECT a.handler_started_at INTO started FROM rabbitretry.attempt a
+    WHERE a.queue = p_queue AND a.message_id = p_message_id AND a.attempt = p_attempt
+      AND a.outcome IS NULL
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF started IS NULL THEN
+        UPDATE rabbitretry.attempt a
+        SET finished_at = now(), outcome = 'interrupted', error_type = 'NotStarted',
+            error_message = 'the handler never started (its worker died, or lost the claim''s '
+                            'reply, first); it is not counted'
+        WHERE a.queue = p_queue AND a.message_id = p_message_id AND a.attempt = p_attempt;
+        RETURN 'not-started';
+    END IF;
+    UPDATE rabbitretry.attempt a
+    SET finished_at = now(), outcome = 'crashed', error_type = 'WorkerLost',
+        error_message = 'the worker stopped renewing its lease before the attempt finished'
+    WHERE a.queue = p_queue AND a.message_id = p_message_id AND a.attempt = p_attempt;
+    RETURN 'crashed';
+END;
+$$;
 
 -- Claim a delivery before its handler runs: one round trip, one transaction.
 --
@@ -113,6 +151,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     r rabbitretry.ledger%ROWTYPE;
     lease timestamptz := clock_timestamp() + make_interval(secs => p_lease_seconds);
+    lapsed text;  -- how the attempt whose lease ran out was closed
 BEGIN
     INSERT INTO rabbitretry.ledger AS l (queue, message_id, status, attempts, max_attempts,
                                          lease_until, payload, headers, properties, exchange,
@@ -153,23 +192,24 @@ BEGIN
     END IF;
 
     IF r.status = 'processing' THEN
-        -- The lease ran out: the worker that held it died (or stalled) inside the attempt.
-        UPDATE rabbitretry.attempt a
-        SET finished_at = now(), outcome = 'crashed', error_type = 'WorkerLost',
-            error_message = 'the worker stopped renewing its lease before the attempt finished'
-        WHERE a.queue = p_queue AND a.message_id = p_message_id AND a.attempt = r.attempts
-          AND a.outcome IS NULL;
+        -- The lease ran out. An attempt whose handler never started is not counted.
+        lapsed := rabbitretry.close_lapsed_attempt(p_queue, p_message_id, r.attempts);
+        IF lapsed = 'not-started' THEN
+            UPDATE rabbitretry.ledger l SET attempts_forgiven = l.attempts_forgiven + 1
+            WHERE l.queue = p_queue AND l.message_id = p_message_id;
+            r.attempts_forgiven := r.attempts_forgiven + 1;
+        END IF;
     END IF;
 
     IF r.attempts - r.attempts_forgiven >= p_max_attempts THEN
         UPDATE rabbitretry.ledger l
         SET status = 'dead', finished_at = now(), updated_at = now(), lease_until = NULL,
             next_retry_at = NULL, max_attempts = p_max_attempts,
-            reason = CASE WHEN r.status = 'processing' THEN 'crashed'
+            reason = CASE WHEN lapsed = 'crashed' THEN 'crashed'
                           ELSE 'attempts-exhausted' END,
-            error_type = CASE WHEN r.status = 'processing' THEN 'WorkerLost'
+            error_type = CASE WHEN lapsed = 'crashed' THEN 'WorkerLost'
                               ELSE l.error_type END,
-            error_message = CASE WHEN r.status = 'processing'
+            error_message = CASE WHEN lapsed = 'crashed'
                 THEN 'the worker died during the last allowed attempt'
                 ELSE l.error_message END
         WHERE l.queue = p_queue AND l.message_id = p_message_id;
@@ -448,7 +488,7 @@ $$;
 -- Migrations ---------------------------------------------------------------------------------
 
 -- The migrations applied (rabbitretry.db.migrate writes a row per migration); these rows say
--- that this schema stands for migrations 0001 to 0009.
+-- that this schema stands for migrations 0001 to 0010.
 CREATE TABLE rabbitretry.schema_migration (
     version     integer     PRIMARY KEY,
     name        text        NOT NULL,
@@ -463,4 +503,5 @@ INSERT INTO rabbitretry.schema_migration (version, name) VALUES
     (6, 'alerts'),
     (7, 'callbacks'),
     (8, 'console'),
-    (9, 'claim_lease');
+    (9, 'claim_lease'),
+    (10, 'handler_started');

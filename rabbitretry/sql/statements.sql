@@ -6,6 +6,16 @@
 SELECT verdict, attempt, budget_attempt, wait_seconds, status
 FROM rabbitretry.claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
 
+-- name: mark_started
+-- The handler of attempt $3 starts now: from here on the attempt counts even if its worker
+-- dies (see the claim function). Committed without waiting for its WAL flush, like the claim:
+-- the attempt's final write flushes it, and only a database crash can lose it (the attempt is
+-- then not counted, as a claim lost in that crash is not). No row: the attempt is not ours.
+UPDATE rabbitretry.attempt
+SET handler_started_at = clock_timestamp()
+WHERE queue = $1 AND message_id = $2 AND attempt = $3 AND outcome IS NULL
+RETURNING set_config('synchronous_commit', 'off', true) AS commit_mode;
+
 -- name: renew_lease
 -- Extends the lease of a running attempt; no row means the attempt is no longer ours.
 UPDATE rabbitretry.ledger
@@ -90,7 +100,7 @@ WITH mine AS (
     RETURNING l.queue, l.message_id, l.attempts
 )
 UPDATE rabbitretry.attempt a
-SET finished_at = now(), outcome = 'interrupted', error_type = 'Interrupted',
+SET finished_at = now(), outcome = 'interrupted', error_type = 'NotStarted',
     error_message = 'the claim''s reply was lost with the connection; it is not counted'
 FROM requeued r
 WHERE a.queue = r.queue AND a.message_id = r.message_id AND a.attempt = r.attempts

@@ -86,3 +86,12 @@ async def broker_proxy(amqp_url: str) -> AsyncIterator[Proxy]:
     proxy = await Proxy(parts.hostname or "127.0.0.1", parts.port or 5672).start()
     yield proxy
     await proxy.close()
+
+
+@pytest.fixture
+async def database_proxy(database_url: str) -> AsyncIterator[Proxy]:
+    """A TCP proxy in front of PostgreSQL to cut or stall (``proxy.url_for(database_url)``)."""
+    parts = urlsplit(database_url)
+    proxy = await Proxy(parts.hostname or "127.0.0.1", parts.port or 5432).start()
+    yield proxy
+    await proxy.close()

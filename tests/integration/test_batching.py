@@ -11,7 +11,7 @@ import pytest
 from rabbitretry import Consumer, Context
 from rabbitretry.db import query
 from rabbitretry.ledger import Key, Snapshot
-from rabbitretry.ledger.commits import ClaimRequest, LedgerCommits, SuccessRequest
+from rabbitretry.ledger.commits import AttemptRef, ClaimRequest, LedgerCommits
 from tests.integration.harness import publish, running_worker, wait_for
 
 pytestmark = pytest.mark.asyncio
@@ -51,9 +51,9 @@ async def test_a_group_of_claims_and_success_marks_writes_what_single_ones_would
     assert all('"h": 1' in r["headers"] for r in rows)
 
     marks = await asyncio.gather(
-        commits.successes.submit(SuccessRequest(Key("q", "a"), 1)),
-        commits.successes.submit(SuccessRequest(Key("q", "b"), 2)),  # not the current attempt
-        commits.successes.submit(SuccessRequest(Key("q", "c"), 1)),
+        commits.successes.submit(AttemptRef(Key("q", "a"), 1)),
+        commits.successes.submit(AttemptRef(Key("q", "b"), 2)),  # not the current attempt
+        commits.successes.submit(AttemptRef(Key("q", "c"), 1)),
     )
     assert list(marks) == [True, False, True]
     statuses = await pool.fetch(

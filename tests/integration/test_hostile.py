@@ -17,7 +17,8 @@ import pytest
 from pydantic import BaseModel, field_validator
 
 from rabbitretry import Consumer, Context, RetryPolicy
-from rabbitretry.ledger import AttemptLedger, snapshot_of
+from rabbitretry.delivery.pipeline import Pipeline
+from rabbitretry.ledger import AttemptLedger, Key, snapshot_of
 from tests.integration.harness import (
     publish,
     publish_without_id,
@@ -281,7 +282,14 @@ async def test_should_skip_that_raises_is_a_failed_attempt(
     assert (await entry(pool, queue_name, "bad"))["error_type"] == "Unprintable"
 
 
-async def test_a_bug_in_the_ledger_code_requeues_and_the_crash_guard_ends_it(
+@pytest.mark.parametrize(
+    ("broken_class", "broken_method"),
+    [(AttemptLedger, "schedule_retry"), (Pipeline, "_born")],
+    ids=["after-the-handler", "before-the-handler"],
+)
+async def test_a_bug_in_our_code_requeues_and_the_crash_guard_ends_it(
+    broken_class: type,
+    broken_method: str,
     amqp_url: str,
     database_url: str,
     pool: asyncpg.Pool,
@@ -289,13 +297,17 @@ async def test_a_bug_in_the_ledger_code_requeues_and_the_crash_guard_ends_it(
     cleanup: list[type[Consumer[Any]]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """An exception in our own code after the claim: requeued, counted, dead when exhausted."""
-    real_schedule_retry = AttemptLedger.schedule_retry
+    """An exception in our own code after the claim, after the handler ran or before it
+    started: requeued, counted, dead when exhausted."""
 
-    async def broken_schedule_retry(self: AttemptLedger, *args: Any, **kwargs: Any) -> Any:
-        raise ZeroDivisionError("a bug in the ledger code")
+    real = getattr(broken_class, broken_method)
 
-    monkeypatch.setattr(AttemptLedger, "schedule_retry", broken_schedule_retry)
+    async def broken(self: object, *args: Any, **kwargs: Any) -> Any:
+        if any(isinstance(arg, Key) and arg.message_id == "bad" for arg in args):
+            raise ZeroDivisionError("a bug in our code")
+        return await real(self, *args, **kwargs)
+
+    monkeypatch.setattr(broken_class, broken_method, broken)
 
     async def handler(msg: Job, ctx: Context) -> None:
         if msg.n == 13:
@@ -308,7 +320,6 @@ async def test_a_bug_in_the_ledger_code_requeues_and_the_crash_guard_ends_it(
         await wait_status(pool, queue_name, "bad", "dead", timeout=30)
         await healthy_messages_succeed(amqp_url, pool, queue_name)
         await nothing_left_on(amqp_url, queue_name)
-    assert real_schedule_retry is not None
     row = await entry(pool, queue_name, "bad")
     assert row["reason"] in ("crashed", "attempts-exhausted")
 

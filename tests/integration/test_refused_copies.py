@@ -76,7 +76,7 @@ async def attempt_outcomes(pool: asyncpg.Pool, queue: str, message_id: str) -> l
 
 
 async def claimed_by_a_lost_worker(pool: asyncpg.Pool, queue: str, message_id: str) -> None:
-    """A ``processing`` row whose worker died: its lease (1 s) has run out."""
+    """A ``processing`` row whose worker died in its handler: its lease (1 s) has run out."""
     snapshot = Snapshot(
         body=json.dumps(BODY).encode(),
         headers={},
@@ -92,8 +92,10 @@ async def claimed_by_a_lost_worker(pool: asyncpg.Pool, queue: str, message_id: s
         copy_attempts=0,
         snapshot=snapshot,
     )
-    claim = await AttemptLedger(pool).claim(request)
+    ledger = AttemptLedger(pool)
+    claim = await ledger.claim(request)
     assert claim.verdict == "claimed", claim
+    assert await (await ledger.mark_started(request.key, claim.attempt))  # died inside its handler
 
     async def lease_lapsed() -> bool:
         lapsed: bool = await pool.fetchval(

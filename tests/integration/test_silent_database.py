@@ -1,20 +1,23 @@
 """A PostgreSQL that keeps the connection but stops answering (a partition, a hung server) is an
-outage within a bound: the callback receiver answers 503 within its ``store_timeout`` and
-recovers by itself when the database answers again."""
+outage within a bound: the callback receiver answers 503 within its ``store_timeout``, the
+worker's outage gate closes within ``SILENT_AFTER`` (deliveries pause, nothing is charged), and
+both recover by themselves when the database answers again."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
+from typing import Any
 
 import asyncpg
 import httpx
 import pytest
 
+from rabbitretry import Consumer, db
 from rabbitretry.callbacks import CallbackReceiver
+from tests.integration.harness import publish, running_worker, wait_for, wait_status
 from tests.integration.test_callbacks import body_of, client_for, kind_for, outbox_rows, post
+from tests.integration.test_database_refusals import counting_consumer, gate_closed
 from tests.proxy import Proxy
 
 pytestmark = pytest.mark.asyncio
@@ -23,15 +26,6 @@ POOL_SIZE = 2
 # What the test allows over the bound: scheduling on a busy 2-core machine, never a
 # statement timeout (60 s) or a connect timeout (60 s).
 SLACK = 1.0
-
-
-@pytest.fixture
-async def database_proxy(database_url: str) -> AsyncIterator[Proxy]:
-    """A TCP proxy in front of PostgreSQL that can stall (``proxy.url_for(database_url)``)."""
-    parts = urlsplit(database_url)
-    proxy = await Proxy(parts.hostname or "127.0.0.1", parts.port or 5432).start()
-    yield proxy
-    await proxy.close()
 
 
 async def timed_post(http: httpx.AsyncClient, body: bytes) -> tuple[httpx.Response, float]:
@@ -94,3 +88,33 @@ async def test_a_database_silent_from_the_first_request_is_503_within_the_store_
         response, took = await timed_post(http, body_of("t1"))
         assert response.status_code == 200, response.text
     assert [r["message_id"] for r in await outbox_rows(pool)] == ["pay-t1-paid"]
+
+
+async def test_a_silent_ledger_closes_the_workers_gate_within_the_bound_and_charges_nothing(
+    amqp_url: str,
+    database_url: str,
+    database_proxy: Proxy,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(db, "SILENT_AFTER", STORE_TIMEOUT)
+    consumer = counting_consumer(queue_name)  # max_attempts=1: a charge would bury a message
+    cleanup.append(consumer)
+    async with running_worker([consumer], amqp_url, database_proxy.url_for(database_url)) as w:
+        await publish(amqp_url, queue_name, {"n": 0}, message_id="m-0")
+        await wait_status(pool, queue_name, "m-0", "succeeded", timeout=20)
+        database_proxy.stall()
+        started = time.monotonic()
+        ids = [f"m-{n}" for n in range(1, 4)]
+        for n, message_id in enumerate(ids, start=1):
+            await publish(amqp_url, queue_name, {"n": n}, message_id=message_id)
+        await wait_for(gate_closed(w), timeout=STORE_TIMEOUT * 10)
+        took = time.monotonic() - started
+        assert took < STORE_TIMEOUT + SLACK + 1, f"gate closed after {took:.1f} s"
+        database_proxy.restore()
+        for message_id in ids:
+            await wait_status(pool, queue_name, message_id, "succeeded", timeout=30)
+    assert sorted(consumer.calls) == ["m-0", *ids]
+    assert all(runs == 1 for runs in consumer.calls.values()), consumer.calls

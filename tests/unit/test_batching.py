@@ -28,7 +28,7 @@ class FakePool:
         self.releasing = asyncio.Event()
 
     @contextlib.asynccontextmanager
-    async def acquire(self) -> AsyncIterator[str]:
+    async def acquire(self, timeout: float | None = None) -> AsyncIterator[str]:
         self.acquired += 1
         self.conn = FakeConn()
         yield self.conn
@@ -175,7 +175,7 @@ async def test_a_cancelled_caller_does_not_disturb_the_others() -> None:
 async def test_a_pool_that_cannot_give_a_connection_fails_every_waiting_write() -> None:
     class BrokenPool:
         @contextlib.asynccontextmanager
-        async def acquire(self) -> AsyncIterator[str]:
+        async def acquire(self, timeout: float | None = None) -> AsyncIterator[str]:
             raise OSError("database is down")
             yield "never"
 
