@@ -247,6 +247,21 @@ async def answering(pool: Pool, within: float | None = None) -> AsyncIterator[Po
 
 
 @contextlib.asynccontextmanager
+async def answered(connection: Connection, within: float | None = None) -> AsyncIterator[None]:
+    """Statements on ``connection`` inside the block must be answered ``within`` seconds
+    (:data:`SILENT_AFTER` by default): past that, the connection is terminated (a silent
+    database would answer neither the statement nor its cancel) and :class:`DatabaseSilent`
+    raised."""
+    within = SILENT_AFTER if within is None else within
+    try:
+        async with asyncio.timeout(within):
+            yield
+    except TimeoutError as error:
+        connection.terminate()
+        raise DatabaseSilent(f"the database gave no answer within {within:g} s") from error
+
+
+@contextlib.asynccontextmanager
 async def held(pool: Pool) -> AsyncIterator[PooledConnection]:
     """A connection of ``pool`` for work bounded from outside (``asyncio.timeout``): when the
     work is cancelled, the connection is terminated, not given back.

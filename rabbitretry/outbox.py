@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from rabbitretry import amqp, tracing
+from rabbitretry import amqp, db, tracing
 from rabbitretry.db import UNAVAILABLE, Connection, Pool, Record, query
 from rabbitretry.errors import ConnectionLost, PublishError, UnpublishableError
 from rabbitretry.publisher import encode, new_message_id
@@ -152,32 +152,53 @@ class OutboxRelay:
         """
         if not publisher.available:
             return 0  # reconnecting: leave the rows alone rather than hold their locks
-        async with self.pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(query("outbox_take"), self.batch_size)
-            results = await asyncio.gather(
-                *(publish_row(publisher, row) for row in rows), return_exceptions=True
-            )
-            sent = [row["id"] for row, result in zip(rows, results, strict=True) if result is None]
-            if sent:
-                await conn.execute(query("outbox_sent"), sent)
-                self.stats.sent += len(sent)
-            settled = len(sent)
-            for row, result in zip(rows, results, strict=True):
-                if result is None:
-                    continue
-                if isinstance(result, ConnectionLost):
-                    log.warning("outbox: %s; row %s stays pending", result, row["id"])
-                    continue
-                if isinstance(result, UnpublishableError):
-                    await fail_unpublishable(conn, row, result)
-                    self.stats.unpublishable += 1
-                elif isinstance(result, Exception):
-                    # A refusal, or a bug: a failed try of this row alone. Raising would roll
-                    # back the batch's `sent` marks and publish its confirmed rows again.
-                    await self._record_failure(conn, row, result)
-                else:
-                    raise result  # cancelled: the rows stay pending for the next relay
-                settled += 1
+        # Every statement is answered within db.SILENT_AFTER, or the pass is given up (a
+        # silent database) and the next one, after the poll interval, tries again.
+        async with self.pool.acquire(timeout=db.SILENT_AFTER) as conn:
+            transaction = conn.transaction()
+            async with db.answered(conn):
+                await transaction.start()
+                rows = await conn.fetch(query("outbox_take"), self.batch_size)
+            try:
+                results = await asyncio.gather(
+                    *(publish_row(publisher, row) for row in rows), return_exceptions=True
+                )
+                async with db.answered(conn):
+                    settled = await self._settle(conn, rows, results)
+                    await transaction.commit()
+            except BaseException:
+                if not conn.is_closed():
+                    with contextlib.suppress(Exception):
+                        async with db.answered(conn):
+                            await transaction.rollback()
+                raise
+        return settled
+
+    async def _settle(
+        self, conn: Connection, rows: list[Record], results: list[BaseException | None]
+    ) -> int:
+        """Mark the batch's confirmed rows sent and record the others' failures; how many."""
+        sent = [row["id"] for row, result in zip(rows, results, strict=True) if result is None]
+        if sent:
+            await conn.execute(query("outbox_sent"), sent)
+            self.stats.sent += len(sent)
+        settled = len(sent)
+        for row, result in zip(rows, results, strict=True):
+            if result is None:
+                continue
+            if isinstance(result, ConnectionLost):
+                log.warning("outbox: %s; row %s stays pending", result, row["id"])
+                continue
+            if isinstance(result, UnpublishableError):
+                await fail_unpublishable(conn, row, result)
+                self.stats.unpublishable += 1
+            elif isinstance(result, Exception):
+                # A refusal, or a bug: a failed try of this row alone. Raising would roll
+                # back the batch's `sent` marks and publish its confirmed rows again.
+                await self._record_failure(conn, row, result)
+            else:
+                raise result  # cancelled: the rows stay pending for the next relay
+            settled += 1
         return settled
 
     async def _record_failure(self, conn: Connection, row: Record, error: Exception) -> None:

@@ -13,9 +13,17 @@ import asyncpg
 import httpx
 import pytest
 
-from rabbitretry import Consumer, db
+from rabbitretry import Consumer, amqp, db
 from rabbitretry.callbacks import CallbackReceiver
-from tests.integration.harness import publish, running_worker, wait_for, wait_status
+from rabbitretry.outbox import Outbox, OutboxRelay
+from tests.integration.conftest import BrokerCleanup
+from tests.integration.harness import (
+    publish,
+    queue_depth,
+    running_worker,
+    wait_for,
+    wait_status,
+)
 from tests.integration.test_callbacks import body_of, client_for, kind_for, outbox_rows, post
 from tests.integration.test_database_refusals import counting_consumer, gate_closed
 from tests.proxy import Proxy
@@ -118,3 +126,42 @@ async def test_a_silent_ledger_closes_the_workers_gate_within_the_bound_and_char
             await wait_status(pool, queue_name, message_id, "succeeded", timeout=30)
     assert sorted(consumer.calls) == ["m-0", *ids]
     assert all(runs == 1 for runs in consumer.calls.values()), consumer.calls
+
+
+async def test_a_silent_database_costs_the_relay_one_pass_within_the_bound(
+    amqp_url: str,
+    database_url: str,
+    database_proxy: Proxy,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    broker_cleanup: BrokerCleanup,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(db, "SILENT_AFTER", STORE_TIMEOUT)
+    broker_cleanup.queue(queue_name)
+    connection = await amqp.connect(amqp_url)
+    proxied = await db.create_pool(database_proxy.url_for(database_url), min_size=1, max_size=2)
+    try:
+        channel = await connection.channel()
+        await channel.declare_queue(queue_name, durable=True)
+        publisher = await amqp.ConfirmingPublisher.open(connection)
+        async with pool.acquire() as conn:
+            await Outbox().enqueue(conn, "", {"n": 1}, routing_key=queue_name, message_id="m1")
+        relay = OutboxRelay(proxied, amqp_url)
+        database_proxy.stall()
+        started = time.monotonic()
+        with pytest.raises(db.DatabaseSilent):
+            await relay.relay_once(publisher)
+        took = time.monotonic() - started
+        assert took < STORE_TIMEOUT + SLACK, f"the relay gave up after {took:.1f} s"
+        database_proxy.restore()
+
+        async def relayed() -> bool:
+            return await relay.relay_once(publisher) == 1
+
+        await wait_for(relayed, timeout=20)  # a statement the stall held may hold the row
+    finally:
+        await proxied.close()
+        await connection.close()
+    assert await queue_depth(amqp_url, queue_name) == 1
+    assert await pool.fetchval("SELECT status FROM rabbitretry.outbox") == "sent"
