@@ -14,7 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aio_pika
 import asyncpg
 
-from rabbitretry import db
+from rabbitretry.ledger import migrations
 
 AMQP_URL = os.environ.get("RABBITRETRY_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 DATABASE_URL = os.environ.get(
@@ -44,7 +44,7 @@ async def scratch_database(server_url: str = DATABASE_URL) -> AsyncIterator[str]
     try:
         conn = await asyncpg.connect(url)
         try:
-            await db.migrate(conn)
+            await migrations.migrate(conn)
         finally:
             await conn.close()
         yield url

@@ -1,12 +1,13 @@
 """The faults a drill injects, and the promise to undo every one of them.
 
-Connections are cut through TCP proxies of the drill's own on loopback (the worker reaches
-RabbitMQ and PostgreSQL only through them). The broker restart stops and starts RabbitMQ's
-application with ``rabbitmqctl``: that affects everyone on the broker, so run the drill alone
-on a shared one (see docs/drills.md). The database crash stops the drill's private PostgreSQL
-server in immediate mode and starts it again (:mod:`drills.private_postgres`): it never touches
-a shared server. :meth:`Faults.restore` puts everything back and is safe to call at any time,
-any number of times.
+Connections are cut, or stalled (kept open, no byte through), through TCP proxies of the
+drill's own on loopback (the worker reaches RabbitMQ and PostgreSQL only through them). The
+broker restart stops and starts RabbitMQ's application with ``rabbitmqctl``: that affects
+everyone on the broker, so run the drill alone on a shared one (see docs/drills.md). The
+database crash stops the drill's private PostgreSQL server in immediate mode and starts it
+again (:mod:`drills.private_postgres`): it never touches a shared server.
+:meth:`Faults.restore` puts everything back and is safe to call at any time, any number of
+times.
 """
 
 from __future__ import annotations
@@ -21,12 +22,16 @@ from dataclasses import dataclass, field
 from drills.plan import Fault
 from drills.private_postgres import PrivatePostgres
 from drills.supervisor import Supervisor
+from rabbitretry import db
 from tests.proxy import Proxy
 
 CUT_SECONDS = 3.0  # how long a cut connection stays refused
 BROKER_DOWN_SECONDS = 2.0  # between stop_app and start_app
 BROKER_START_TIMEOUT = 120.0
 DATABASE_DOWN_SECONDS = 2.0  # between the immediate stop and the start
+# A silent database, for longer than a worker waits for a ledger statement's answer: the
+# worker must take it for an outage, pause, and resume by itself.
+STALL_SECONDS = db.SILENT_AFTER + 2.0
 
 
 @dataclass
@@ -52,6 +57,8 @@ class Faults:
             await self._cut(self.broker_proxy, "broker")
         elif fault == "cut-database":
             await self._cut(self.database_proxy, "database")
+        elif fault == "stall-database":
+            await self._stall(self.database_proxy, "database")
         elif fault == "restart-broker":
             await self._restart_broker()
         elif fault == "crash-database":
@@ -63,6 +70,14 @@ class Faults:
         await proxy.cut(refuse=True)
         try:
             await asyncio.sleep(CUT_SECONDS)
+        finally:
+            proxy.restore()
+
+    async def _stall(self, proxy: Proxy, what: str) -> None:
+        self.say(f"the {what} stops answering for {STALL_SECONDS:.0f} s (connections kept)")
+        proxy.stall()
+        try:
+            await asyncio.sleep(STALL_SECONDS)
         finally:
             proxy.restore()
 

@@ -24,17 +24,25 @@ from typing import Literal
 
 Kind = Literal["ok", "transient", "poison", "crasher", "slow"]
 Fault = Literal[
-    "kill", "cut-broker", "cut-database", "restart-broker", "crash-database", "stop-leader"
+    "kill",
+    "cut-broker",
+    "cut-database",
+    "stall-database",
+    "restart-broker",
+    "crash-database",
+    "stop-leader",
 ]
 
-# The reference drills: three SIGKILLs, one cut of each connection, one broker restart, one
-# database crash (PostgreSQL stopped in immediate mode, started again 2 s later).
+# The reference drills: three SIGKILLs, one cut of each connection, a database that stops
+# answering (connections kept) for longer than the worker waits for an answer, one broker
+# restart, one database crash (PostgreSQL stopped in immediate mode, started again 2 s later).
 FAULTS: tuple[Fault, ...] = (
     "kill",
     "kill",
     "kill",
     "cut-broker",
     "cut-database",
+    "stall-database",
     "restart-broker",
     "crash-database",
 )

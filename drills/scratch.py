@@ -15,7 +15,8 @@ import aio_pika
 import asyncpg
 
 from drills.consumer import CREATE_EFFECTS, DrillConsumer
-from rabbitretry import amqp, db
+from rabbitretry import amqp
+from rabbitretry.ledger import migrations
 from rabbitretry.topology import Topology, declare
 from rabbitretry.topology.model import QueueType
 from tests.proxy import Proxy
@@ -40,7 +41,7 @@ async def scratch_database(server_url: str, name: str, keep: Keep) -> AsyncItera
     try:
         conn = await asyncpg.connect(url)
         try:
-            await db.migrate(conn)
+            await migrations.migrate(conn)
             await conn.execute(CREATE_EFFECTS)
         finally:
             await conn.close()

@@ -21,7 +21,7 @@ from rich.table import Table
 from examples.points import SUSPENDED_USERS, AwardPoints
 from rabbitretry import Worker, amqp, db, topology_of
 from rabbitretry.errors import RabbitRetryError
-from rabbitretry.ledger import Key
+from rabbitretry.ledger import Key, migrations
 from rabbitretry.operations import dead_letter
 from rabbitretry.settings import Settings, mask_url
 from rabbitretry.topology import declare
@@ -114,7 +114,7 @@ async def main() -> None:
     connection = await amqp.connect(config.amqp_url, name="rabbitretry-demo")
     try:
         async with pool.acquire() as conn:
-            applied = await db.migrate(conn)
+            applied = await migrations.migrate(conn)
         console.print(f"1. ledger migrated ({', '.join(applied) or 'already up to date'})")
         await declare(connection, topology_of([AwardPoints]))
         console.print(

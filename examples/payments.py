@@ -39,6 +39,7 @@ from rabbitretry import (
     topology_of,
 )
 from rabbitretry.callbacks import CallbackKind, CallbackReceiver, HmacSignature, StateMachine
+from rabbitretry.ledger import migrations
 from rabbitretry.reconcile.expected import ExpectedSource, reconciliation
 from rabbitretry.settings import Settings
 from rabbitretry.topology import declare
@@ -160,7 +161,7 @@ async def main() -> None:
     tasks: list[asyncio.Task[None]] = [asyncio.create_task(server.serve())]
     try:
         async with pool.acquire() as conn:
-            await db.migrate(conn)
+            await migrations.migrate(conn)
             await conn.execute(ORDERS_TABLE)
             for order in orders.values():
                 await conn.execute(

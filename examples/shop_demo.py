@@ -15,6 +15,7 @@ from rich.console import Console
 
 from examples import shop
 from rabbitretry import OutboxRelay, Publisher, Worker, amqp, db, topology_of
+from rabbitretry.ledger import migrations
 from rabbitretry.settings import Settings
 from rabbitretry.topology import declare
 
@@ -36,7 +37,7 @@ async def main() -> None:
     connection = await amqp.connect(config.amqp_url, name="rabbitretry-shop-demo")
     try:
         async with pool.acquire() as conn:
-            await db.migrate(conn)
+            await migrations.migrate(conn)
             await shop.create_schema(conn)
             for n in range(10):
                 await shop.place_order(conn, f"{run}-{n}", user_id=n % 2 + 1, amount=100)

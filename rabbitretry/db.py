@@ -1,23 +1,27 @@
-"""The one module that talks to asyncpg: pools, named queries and migrations."""
+"""The one module that talks to asyncpg: pools, named queries, and what a database's errors
+mean (an outage, a refusal of this row, a lost race)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import socket
 from collections.abc import AsyncIterator
 from functools import cache
 from importlib import resources
+from typing import Any
 
 import asyncpg
 import asyncpg.pool
 import asyncpg.transaction
 
-from rabbitretry import urls
+from rabbitretry import logs, urls
 from rabbitretry.errors import ConfigurationError, ServiceUnavailable
 
 __all__ = [
+    "Answering",
     "Connection",
     "Executor",
     "Pool",
@@ -26,8 +30,6 @@ __all__ = [
     "Transaction",
     "create_pool",
     "held",
-    "migrate",
-    "pending_migrations",
     "query",
 ]
 
@@ -36,7 +38,6 @@ PooledConnection = asyncpg.pool.PoolConnectionProxy
 Connection = asyncpg.Connection | PooledConnection
 Transaction = asyncpg.transaction.Transaction
 Record = asyncpg.Record
-Executor = Pool | Connection  # anything that runs a statement
 
 # What a statement raises against a database whose schema rabbitretry has not migrated.
 MISSING_SCHEMA = (
@@ -172,8 +173,6 @@ async def write_refusal(executor: Executor) -> str | None:
 
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-_MIGRATION_FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
-_MIGRATION_LOCK = 0x7261_6262  # advisory lock key: one migrator at a time
 
 
 @cache
@@ -219,7 +218,15 @@ async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> Poo
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
         raise ServiceUnavailable(_why_not_connected(error, url, endpoint)) from error
     assert pool is not None
+    logs.demote(["asyncpg"], _is_outage_noise)
     return pool
+
+
+def _is_outage_noise(record: logging.LogRecord) -> bool:
+    """The driver's lines about an outage, e.g. a traceback each time the pool fails to
+    reconnect: the code that met the outage says it once, in its own words."""
+    error = record.exc_info[1] if record.exc_info else None
+    return error is not None and is_outage(error)
 
 
 SILENT_AFTER = 10.0
@@ -259,6 +266,55 @@ async def answered(connection: Connection, within: float | None = None) -> Async
     except TimeoutError as error:
         connection.terminate()
         raise DatabaseSilent(f"the database gave no answer within {within:g} s") from error
+
+
+class Answering:
+    """The statements of ``pool``, each answered within :data:`SILENT_AFTER` or given up as
+    :class:`DatabaseSilent` (see :func:`answering`): an executor for background work (the
+    reconciler) that must take a silent database for an outage and try again later, rather
+    than wait for the driver's statement timeout with a pooled connection tied up."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+
+    async def fetch(self, sql: str, *args: object) -> list[Record]:
+        async with answering(self.pool) as connection:
+            return await connection.fetch(sql, *args)
+
+    async def fetchrow(self, sql: str, *args: object) -> Record | None:
+        async with answering(self.pool) as connection:
+            return await connection.fetchrow(sql, *args)
+
+    async def fetchval(self, sql: str, *args: object) -> Any:
+        async with answering(self.pool) as connection:
+            return await connection.fetchval(sql, *args)
+
+    async def execute(self, sql: str, *args: object) -> str:
+        async with answering(self.pool) as connection:
+            return await connection.execute(sql, *args)
+
+
+Executor = Pool | Connection | Answering  # anything that runs a statement
+
+
+@contextlib.asynccontextmanager
+async def answered_transaction(connection: Connection) -> AsyncIterator[None]:
+    """A transaction on ``connection`` whose start, commit and rollback are each answered
+    within :data:`SILENT_AFTER` (see :func:`answered`). The statements inside bound
+    themselves, so that slow work between them (publishing) is not cut short."""
+    transaction = connection.transaction()
+    async with answered(connection):
+        await transaction.start()
+    try:
+        yield
+    except BaseException:
+        if not connection.is_closed():  # terminated by a silent statement: nothing to undo
+            with contextlib.suppress(Exception):
+                async with answered(connection):
+                    await transaction.rollback()
+        raise
+    async with answered(connection):
+        await transaction.commit()
 
 
 @contextlib.asynccontextmanager
@@ -312,56 +368,3 @@ def _why_not_connected(error: Exception, url: str, endpoint: urls.Endpoint) -> s
     if isinstance(error, TimeoutError):
         return f"{where}: no answer in time; is the server running, and {check}"
     return f"{where}: {text}. Is the server running, and {check}"
-
-
-def migrations() -> list[tuple[int, str, str]]:
-    """(version, name, sql) of every migration shipped, in order."""
-    folder = resources.files("rabbitretry.sql").joinpath("migrations")
-    found = []
-    for entry in folder.iterdir():
-        match = _MIGRATION_FILE.match(entry.name)
-        if match:
-            found.append((int(match[1]), match[2], entry.read_text()))
-    return sorted(found)
-
-
-async def applied_migrations(conn: Connection) -> set[int]:
-    exists = await conn.fetchval("SELECT to_regclass('rabbitretry.schema_migration') IS NOT NULL")
-    if not exists:
-        return set()
-    return {
-        row["version"]
-        for row in await conn.fetch("SELECT version FROM rabbitretry.schema_migration")
-    }
-
-
-async def migrate(conn: Connection) -> list[str]:
-    """Apply the migrations not yet applied, each in its own transaction; their names."""
-    done: list[str] = []
-    await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
-    try:
-        applied = await applied_migrations(conn)
-        for version, name, sql in migrations():
-            if version in applied:
-                continue
-            async with conn.transaction():
-                await conn.execute(sql)
-                await conn.execute(
-                    "CREATE TABLE IF NOT EXISTS rabbitretry.schema_migration ("
-                    " version integer PRIMARY KEY, name text NOT NULL,"
-                    " applied_at timestamptz NOT NULL DEFAULT now())"
-                )
-                await conn.execute(
-                    "INSERT INTO rabbitretry.schema_migration (version, name) VALUES ($1, $2)",
-                    version,
-                    name,
-                )
-            done.append(f"{version:04d}_{name}")
-    finally:
-        await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK)
-    return done
-
-
-async def pending_migrations(conn: Connection) -> list[str]:
-    applied = await applied_migrations(conn)
-    return [f"{v:04d}_{n}" for v, n, _ in migrations() if v not in applied]

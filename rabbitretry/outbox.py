@@ -154,25 +154,17 @@ class OutboxRelay:
             return 0  # reconnecting: leave the rows alone rather than hold their locks
         # Every statement is answered within db.SILENT_AFTER, or the pass is given up (a
         # silent database) and the next one, after the poll interval, tries again.
-        async with self.pool.acquire(timeout=db.SILENT_AFTER) as conn:
-            transaction = conn.transaction()
+        async with (
+            self.pool.acquire(timeout=db.SILENT_AFTER) as conn,
+            db.answered_transaction(conn),
+        ):
             async with db.answered(conn):
-                await transaction.start()
                 rows = await conn.fetch(query("outbox_take"), self.batch_size)
-            try:
-                results = await asyncio.gather(
-                    *(publish_row(publisher, row) for row in rows), return_exceptions=True
-                )
-                async with db.answered(conn):
-                    settled = await self._settle(conn, rows, results)
-                    await transaction.commit()
-            except BaseException:
-                if not conn.is_closed():
-                    with contextlib.suppress(Exception):
-                        async with db.answered(conn):
-                            await transaction.rollback()
-                raise
-        return settled
+            results = await asyncio.gather(
+                *(publish_row(publisher, row) for row in rows), return_exceptions=True
+            )
+            async with db.answered(conn):
+                return await self._settle(conn, rows, results)
 
     async def _settle(
         self, conn: Connection, rows: list[Record], results: list[BaseException | None]

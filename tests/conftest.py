@@ -23,6 +23,7 @@ import pytest
 from drills import nodes
 from drills.nodes import Node
 from rabbitretry import db
+from rabbitretry.ledger import migrations
 from rabbitretry.settings import DEFAULT_AMQP_URL, DEFAULT_DATABASE_URL
 
 # One template per test session, so that sessions running side by side (or on different
@@ -126,7 +127,7 @@ def template_database(server_database_url: str) -> Iterator[str]:
             await conn.close()
         tmpl = await asyncpg.connect(with_database(server_database_url, TEMPLATE_DB))
         try:
-            await db.migrate(tmpl)
+            await migrations.migrate(tmpl)
         finally:
             await tmpl.close()
 

@@ -24,6 +24,7 @@ from rich.text import Text
 from rabbitretry import db, logs, urls
 from rabbitretry.consumer import Consumer, topology_of
 from rabbitretry.errors import ConfigurationError, RabbitRetryError
+from rabbitretry.ledger import migrations
 from rabbitretry.message.literal import visible
 from rabbitretry.operations import OperationError
 from rabbitretry.settings import AMQP_URL_VARIABLE, DATABASE_URL_VARIABLE, Settings
@@ -321,7 +322,7 @@ async def require_migrated(database_url: str) -> None:
     pool = await db.create_pool(database_url, min_size=1, max_size=1)
     try:
         async with pool.acquire() as conn:
-            pending = await db.pending_migrations(conn)
+            pending = await migrations.pending_migrations(conn)
     finally:
         await pool.close()
     if pending:

@@ -6,6 +6,7 @@ import typer
 
 from rabbitretry import db
 from rabbitretry.cli.common import DatabasesOption, out, run_async, settings
+from rabbitretry.ledger import migrations
 from rabbitretry.urls import mask_url
 
 app = typer.Typer(help="Create and upgrade the ledger schema in PostgreSQL.", no_args_is_help=True)
@@ -28,7 +29,7 @@ async def migrate(database: DatabasesOption = None) -> None:
         pool = await db.create_pool(url, min_size=1, max_size=1)
         try:
             async with pool.acquire() as conn:
-                applied = await db.migrate(conn)
+                applied = await migrations.migrate(conn)
         finally:
             await pool.close()
         label = _label(url, len(urls) > 1)
@@ -49,7 +50,7 @@ async def status(database: DatabasesOption = None) -> None:
         pool = await db.create_pool(url, min_size=1, max_size=1)
         try:
             async with pool.acquire() as conn:
-                pending = await db.pending_migrations(conn)
+                pending = await migrations.pending_migrations(conn)
         finally:
             await pool.close()
         label = _label(url, len(urls) > 1)

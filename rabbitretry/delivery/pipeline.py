@@ -61,6 +61,12 @@ REQUEUE_PAUSE = 1.0  # seconds before requeueing a delivery after an unexpected 
 SHUTDOWN_CLAIM_WAIT = 5.0  # seconds a shutdown waits for a claim in flight, to give it back
 
 
+NO_ID = (
+    "the message has no message_id property, so it cannot be deduplicated; "
+    "publish with a message_id (a business key) or replay it to assign one"
+)
+
+
 class Pipeline:
     """Takes deliveries of one consumer's queue through the pipeline."""
 
@@ -147,16 +153,23 @@ class Pipeline:
         await _settle(message, requeue=True)
         return outcome or Outcome(None, "requeued")
 
+    async def _without_id(self, message: IncomingMessage, snapshot: Snapshot) -> Outcome:
+        """Dead at once: a message without a ``message_id`` cannot be deduplicated. Its key is
+        its content's hash (:func:`missing_id_key`), so a redelivery (its dead copy met a
+        broker blip) finds its record; a first delivery that finds the key taken is a second,
+        identical message, recorded under a key of its own."""
+        outcome = await self.verdicts.reject(
+            Key(self.queue, missing_id_key(snapshot)), "missing-message-id", NO_ID, snapshot
+        )
+        if outcome.result == "dropped" and not message.redelivered:
+            twin = Key(self.queue, missing_id_key(snapshot, twin=True))
+            return await self.verdicts.reject(twin, "missing-message-id", NO_ID, snapshot)
+        return outcome
+
     async def _process(self, message: IncomingMessage) -> Outcome:
         snapshot = snapshot_of(message)
         if not message.message_id:
-            return await self.verdicts.reject(
-                Key(self.queue, missing_id_key()),
-                "missing-message-id",
-                "the message has no message_id property, so it cannot be deduplicated; "
-                "publish with a message_id (a business key) or replay it to assign one",
-                snapshot,
-            )
+            return await self._without_id(message, snapshot)
         key = Key(self.queue, message.message_id)
         too_large = oversize(type(self.consumer), message.body)
         if too_large is not None:

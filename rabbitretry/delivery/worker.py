@@ -28,7 +28,7 @@ from rabbitretry.delivery.outage import OutageGate, broker_probe
 from rabbitretry.delivery.outcome import Outcome
 from rabbitretry.delivery.pipeline import Pipeline
 from rabbitretry.errors import ConfigurationError
-from rabbitretry.ledger import AttemptLedger
+from rabbitretry.ledger import AttemptLedger, migrations
 from rabbitretry.topology import declare, verify
 
 log = logging.getLogger("rabbitretry.worker")
@@ -366,7 +366,7 @@ def _ledger_service(database: str | None) -> str:
 
 async def _check_migrated(database: str | None, pool: db.Pool) -> None:
     async with pool.acquire() as conn:
-        pending = await db.pending_migrations(conn)
+        pending = await migrations.pending_migrations(conn)
     if pending:
         where = "" if database is None else f" at {urls.mask_url(database)}"
         raise ConfigurationError(

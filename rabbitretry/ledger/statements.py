@@ -6,6 +6,7 @@ so the ledger is never half-written.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -28,13 +29,6 @@ class Key:
 
 FINISHED = ("succeeded", "dead", "skipped", "ignored")
 """The statuses of a row whose work is done: a copy that finds one is dropped."""
-MISSING_ID_PREFIX = "missing-id:"
-
-
-def missing_id_key() -> str:
-    """A ledger ``message_id`` for a message that came without one: a new one per delivery,
-    so that two such messages never collapse into one record."""
-    return f"{MISSING_ID_PREFIX}{uuid.uuid4().hex}"
 
 
 @dataclass(frozen=True)
@@ -46,6 +40,32 @@ class Snapshot:
     properties: dict[str, Any]
     exchange: str
     routing_key: str
+
+
+MISSING_ID_PREFIX = "missing-id:"
+
+
+def missing_id_key(snapshot: Snapshot, *, twin: bool = False) -> str:
+    """A ledger ``message_id`` for a message that came without one.
+
+    It is the hash of what the message carries (body, headers, properties, where it was
+    published), so every delivery of one message finds the same record: a redelivery after
+    a broker blip or a lost connection never makes a second dead letter, and replaying them
+    all never runs a handler twice for one message. ``twin`` is for a second message
+    identical to one already recorded (a first delivery that finds its key taken): a key of
+    its own, so the two never collapse into one record.
+    """
+    digest = hashlib.sha256()
+    for part in (
+        snapshot.body,
+        encode_table(snapshot.headers).encode(),
+        encode_table(snapshot.properties).encode(),
+        snapshot.exchange.encode(errors="surrogatepass"),
+        snapshot.routing_key.encode(errors="surrogatepass"),
+    ):
+        digest.update(len(part).to_bytes(8, "big") + part)
+    key = MISSING_ID_PREFIX + digest.hexdigest()[:32]
+    return f"{key}-{uuid.uuid4().hex[:12]}" if twin else key
 
 
 @dataclass(frozen=True)

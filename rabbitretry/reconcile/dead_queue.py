@@ -11,12 +11,15 @@ evidence; stored as :mod:`rabbitretry.message.storable` does for every message) 
 How the queue is walked (``docs/reconciler.md`` gives the reasons):
 
 1. Take a message with ``basic.get`` and manual ack; keep it unacked while it is handled.
-2. Its key is ``(work queue, message_id)``; a message without ``message_id`` gets
-   ``missing-id:<uuid4>``. Insert a ``dead`` row unless the ledger has the key already (any row:
-   a terminal one means the copy is already recorded; a ``retrying`` or ``processing`` one
-   means the message is still in flight and the ledger, not the broker, decides its fate), or
-   unless the message carries ``x-rabbitretry-reason``: rabbitretry put that copy there after
-   recording its death, so a missing row means it was replayed, finished and pruned since.
+2. Its key is ``(work queue, message_id)``; a message without ``message_id`` gets its
+   content's hash, ``missing-id:<hash>``, so that a message a lost connection put back after it
+   was recorded finds its row (an identical message seen for the first time gets a key of its
+   own, ``missing-id:<hash>-<random>``). Insert a ``dead`` row unless the ledger has the key
+   already (any row: a terminal one means the copy is already recorded; a ``retrying`` or
+   ``processing`` one means the message is still in flight and the ledger, not the broker,
+   decides its fate), or unless the message carries ``x-rabbitretry-reason``: rabbitretry put
+   that copy there after recording its death, so a missing row means it was replayed,
+   finished and pruned since.
 3. Publish the message back to the tail of the same queue, with confirms, then ack the original.
    A copy just recorded carries rabbitretry's dead-letter headers (reason, queue, error) and,
    for an id-less message, its generated ``message_id``; any other copy goes back unchanged.
@@ -34,14 +37,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rabbitretry import amqp
 from rabbitretry.consumer import Consumer
-from rabbitretry.db import Pool, query
+from rabbitretry.db import Executor, query
 from rabbitretry.errors import ConnectionLost, PublishError
-from rabbitretry.ledger import missing_id_key, repairs
+from rabbitretry.ledger import Snapshot, missing_id_key, repairs
 from rabbitretry.ledger.failures import Failure, rejection
 from rabbitretry.message import headers
 from rabbitretry.message.storable import storable_text
@@ -68,7 +71,8 @@ class Found:
 
     message: amqp.IncomingMessage
     message_id: str
-    """The ledger key: the message's id (NULs spelled out), or a generated ``missing-id:``."""
+    """The ledger key: the message's id (NULs spelled out), or its content's ``missing-id:``
+    hash (:func:`rabbitretry.ledger.missing_id_key`)."""
     recorded_before: bool
     """The copy carries rabbitretry's dead-letter headers: its death was recorded when it was
     published (a row missing now was replayed, finished and pruned since): never recorded."""
@@ -78,9 +82,28 @@ class Found:
     routing_key: str
     failure: Failure
 
+    @property
+    def first_without_id(self) -> bool:
+        """A message without an id that nobody took before: a first delivery, so a record
+        already under its key is an identical message's, never its own."""
+        return not self.message.message_id and not self.message.redelivered
+
+    def as_twin(self) -> Found:
+        """The same message under a key of its own (a twin's key was taken)."""
+        return replace(self, message_id=missing_id_key(self.snapshot(), twin=True))
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
+            self.message.body,
+            self.stored_headers,
+            self.stored_properties,
+            self.exchange,
+            self.routing_key,
+        )
+
 
 async def scan(
-    pool: Pool,
+    ledger: Executor,
     connection: amqp.Connection | None,
     publisher: amqp.ConfirmingPublisher,
     consumers: Sequence[type[Consumer[Any]]],
@@ -98,14 +121,16 @@ async def scan(
     if connection is None:
         raise RuntimeError("the reconciler is not connected")
     recorded = 0
-    for target in await dead_queues(pool, consumers):
+    for target in await dead_queues(ledger, consumers):
         recorded += await _scan_queue(
-            pool, connection, publisher, target, limit=limit, batch_size=batch_size, errors=errors
+            ledger, connection, publisher, target, limit=limit, batch_size=batch_size, errors=errors
         )
     return recorded
 
 
-async def dead_queues(pool: Pool, consumers: Sequence[type[Consumer[Any]]]) -> list[DeadQueue]:
+async def dead_queues(
+    ledger: Executor, consumers: Sequence[type[Consumer[Any]]]
+) -> list[DeadQueue]:
     """The consumers' dead-letter queues, then ``Q.dead`` of every other queue in the ledger."""
     by_queue: dict[str, DeadQueue] = {}
     for consumer in consumers:
@@ -114,14 +139,14 @@ async def dead_queues(pool: Pool, consumers: Sequence[type[Consumer[Any]]]) -> l
             work.name, work.dead_queue_name, consumer.retry.max_attempts
         )
     default_attempts = RetryPolicy().max_attempts
-    for row in await pool.fetch(query("dead_queue_ledger_queues")):
+    for row in await ledger.fetch(query("dead_queue_ledger_queues")):
         queue = row["queue"]
         by_queue.setdefault(queue, DeadQueue(queue, names.dead_queue(queue), default_attempts))
     return list(by_queue.values())
 
 
 async def _scan_queue(
-    pool: Pool,
+    ledger: Executor,
     connection: amqp.Connection,
     publisher: amqp.ConfirmingPublisher,
     target: DeadQueue,
@@ -156,19 +181,49 @@ async def _scan_queue(
             remaining = remaining - wanted if len(batch) == wanted else 0  # 0: queue empty
             if not batch:
                 break
-            inserted = await _record(pool, target, batch)
+            batch, inserted = await _record(ledger, target, _twins_apart(batch))
             recorded += len(inserted)
             if not await _rotate(publisher, target, batch, inserted, errors):
                 break
     return recorded
 
 
-async def _record(pool: Pool, target: DeadQueue, found_now: list[Found]) -> set[str]:
-    batch = [f for f in found_now if not f.recorded_before]
+def _twins_apart(batch: list[Found]) -> list[Found]:
+    """Identical first deliveries without an id in one batch are two messages: keys apart."""
+    seen: set[str] = set()
+    apart = []
+    for item in batch:
+        if item.message_id in seen and item.first_without_id:
+            item = item.as_twin()
+        seen.add(item.message_id)
+        apart.append(item)
+    return apart
+
+
+async def _record(
+    ledger: Executor, target: DeadQueue, batch: list[Found]
+) -> tuple[list[Found], set[str]]:
+    """Record the batch's messages the ledger has no row for; the batch (twins keyed apart)
+    and the keys inserted. A first delivery without an id whose key was taken is a second,
+    identical message: recorded under a key of its own. A redelivered one is the message a
+    lost connection put back after it was recorded: left as it is."""
+    inserted = await _insert(ledger, target, [f for f in batch if not f.recorded_before])
+    twins = {
+        index: item.as_twin()
+        for index, item in enumerate(batch)
+        if item.first_without_id and not item.recorded_before and item.message_id not in inserted
+    }
+    if twins:
+        inserted |= await _insert(ledger, target, list(twins.values()))
+        batch = [twins.get(index, item) for index, item in enumerate(batch)]
+    return batch, inserted
+
+
+async def _insert(ledger: Executor, target: DeadQueue, batch: list[Found]) -> set[str]:
     if not batch:
         return set()
     inserted = await repairs.record_broker_dead(
-        pool,
+        ledger,
         target.queue,
         [
             repairs.BrokerDeadLetter(
@@ -235,7 +290,8 @@ async def _rotate(
 
 
 def found(message: amqp.IncomingMessage, target: DeadQueue) -> Found:
-    """What the ledger stores of a message found on ``target``'s dead-letter queue."""
+    """What the ledger stores of a message found on ``target``'s dead-letter queue, under
+    its id (NULs spelled out), or when it has none, its content's hash."""
     raw_headers = _without_delivery_count(message.headers)
     deaths = headers.x_death(raw_headers)
     exchange, routing_key = message.exchange or "", message.routing_key or ""
@@ -244,9 +300,9 @@ def found(message: amqp.IncomingMessage, target: DeadQueue) -> Found:
         keys = deaths[0].get("routing-keys")
         if isinstance(keys, list) and keys:
             routing_key = str(keys[0])
-    return Found(
+    item = Found(
         message=message,
-        message_id=ledger_key(message.message_id),
+        message_id=storable_text(message.message_id or ""),
         recorded_before=headers.REASON in raw_headers,
         stored_headers=raw_headers,
         stored_properties=amqp.message_properties(message),
@@ -254,13 +310,7 @@ def found(message: amqp.IncomingMessage, target: DeadQueue) -> Found:
         routing_key=storable_text(routing_key),
         failure=rejection(target.queue, REASON, explain(deaths, target.dead_queue)),
     )
-
-
-def ledger_key(message_id: str | None) -> str:
-    """The ledger's ``message_id`` for a message found on a dead-letter queue."""
-    if not message_id:
-        return missing_id_key()
-    return storable_text(message_id)
+    return item if message.message_id else replace(item, message_id=missing_id_key(item.snapshot()))
 
 
 def explain(deaths: list[dict[str, Any]], dead_queue: str) -> str:

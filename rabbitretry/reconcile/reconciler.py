@@ -34,9 +34,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rabbitretry import amqp
+from rabbitretry import amqp, db
 from rabbitretry.consumer import Consumer
-from rabbitretry.db import UNAVAILABLE, Pool
+from rabbitretry.db import UNAVAILABLE, Answering, Pool
+from rabbitretry.errors import ConnectionLost, ServiceUnavailable
 from rabbitretry.ledger import repairs
 from rabbitretry.monitoring import heartbeat
 from rabbitretry.reconcile import dead_queue
@@ -92,6 +93,9 @@ class Reconciler:
         self._limiter = RateLimiter(self.publish_rate)
         self._expiry = {c.queue: c.expires_after for c in self.consumers if c.expires_after}
         self._body_limits = {c.queue: c.max_body_bytes for c in self.consumers}
+        # Every statement of a run is answered within db.SILENT_AFTER or given up: a silent
+        # database fails the run as an outage, and the next run tries again.
+        self._ledger = Answering(self.pool)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -103,8 +107,8 @@ class Reconciler:
             while not self._stopping.is_set():
                 try:
                     await self.run_once()
-                except Exception:
-                    log.exception("reconciler run failed; trying again in %.0f s", interval)
+                except Exception as error:
+                    _log_failed_run(error, interval)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), interval)
         finally:
@@ -112,21 +116,25 @@ class Reconciler:
 
     async def run_once(self) -> RunReport:
         """One pass over every step; recorded in the heartbeat, success or failure."""
-        await heartbeat.started(self.pool, self.heartbeat_name, self.instance, self.expected_every)
+        await heartbeat.started(
+            self._ledger, self.heartbeat_name, self.instance, self.expected_every
+        )
         report = RunReport()
         try:
             await self._steps(report)
         except BaseException as error:
+            if isinstance(error, db.DatabaseSilent):
+                raise  # it would not answer the heartbeat either; the heartbeat goes stale
             with contextlib.suppress(*UNAVAILABLE):
                 await heartbeat.finished(
-                    self.pool,
+                    self._ledger,
                     self.heartbeat_name,
                     counts=report.counts(),
                     error=f"{type(error).__name__}: {error}",
                 )
             raise
         await heartbeat.finished(
-            self.pool,
+            self._ledger,
             self.heartbeat_name,
             counts=report.counts(),
             error="; ".join(report.errors[:5]) or None,
@@ -136,7 +144,7 @@ class Reconciler:
     async def _steps(self, report: RunReport) -> None:
         """The steps of a run, in order; each adds what it did to ``report``."""
         run = Run(
-            pool=self.pool,
+            ledger=self._ledger,
             publisher=await self._open_publisher(),
             limiter=self._limiter,
             report=report,
@@ -162,7 +170,7 @@ class Reconciler:
 
         async def dead_letter_queues() -> None:
             report.broker_dead_recorded = await dead_queue.scan(
-                self.pool,
+                self._ledger,
                 connection,
                 run.publisher,
                 self.consumers,
@@ -197,14 +205,31 @@ class Reconciler:
         return self._publisher
 
 
+def _log_failed_run(error: Exception, interval: float) -> None:
+    """One line for a run an outage failed (the database or the broker is away: expected,
+    and said without a traceback); a traceback for anything else, which is a bug."""
+    if isinstance(error, (db.DatabaseSilent, *db.FAILED)) and db.is_outage(error):
+        why = f"the database is {db.outage_kind(error)} ({type(error).__name__}: {error})"
+    elif isinstance(error, (ServiceUnavailable, ConnectionLost, *amqp.CHANNEL_ERRORS, OSError)):
+        why = str(error) or type(error).__name__
+    else:
+        log.exception("reconciler run failed; trying again in %g s", interval)
+        return
+    log.warning("reconciler run failed: %s; trying again in %g s", why, interval)
+
+
 async def _isolated(report: RunReport, step: str, run_step: Callable[[], Awaitable[None]]) -> None:
     """Run one step; its failure is the step's alone: logged, reported, and the run goes on.
 
-    A step that fails because a service is away fails fast, so the later steps cost little
-    then; a bug in one step no longer hides what the others would have found.
+    A bug in one step no longer hides what the others would have found. A step that fails
+    because a service is away fails fast, so the later steps cost little then; but a silent
+    database fails each statement only after ``db.SILENT_AFTER``, so it ends the run.
     """
     try:
         await run_step()
+    except db.DatabaseSilent:
+        report.failed_steps.append(step)
+        raise
     except Exception as error:
         log.error("reconciler step %s failed: %s: %s", step, type(error).__name__, error)
         log.debug("reconciler step %s failed", step, exc_info=error)

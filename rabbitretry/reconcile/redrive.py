@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 
 from rabbitretry import ledger
-from rabbitretry.db import Pool, Record
+from rabbitretry.db import Executor, Record
 from rabbitretry.delivery import validity
 from rabbitretry.errors import ConnectionLost, PublishError, UnpublishableError
 from rabbitretry.ledger import repairs
@@ -30,8 +30,8 @@ log = logging.getLogger("rabbitretry.reconcile.reconciler")  # one logger for ev
 
 TOO_LARGE = "too-large"  # the reason the worker records for the same refusal
 
-Scan = Callable[[Pool, float, int], Awaitable[list[Record]]]
-"""Takes and marks a batch of lost rows, ``(pool, grace, limit)``: ``repairs.take_*``."""
+Scan = Callable[[Executor, float, int], Awaitable[list[Record]]]
+"""Takes and marks a batch of lost rows, ``(ledger, grace, limit)``: ``repairs.take_*``."""
 
 
 async def redrive(
@@ -47,7 +47,7 @@ async def redrive(
     """
     published = 0
     for _ in range(run.max_batches):
-        rows = await scan(run.pool, run.grace, run.batch_size)
+        rows = await scan(run.ledger, run.grace, run.batch_size)
         for row in rows:
             if await _skip_if_expired(run, row, expiry):
                 run.report.expired_skipped += 1
@@ -67,7 +67,7 @@ async def _skip_if_expired(run: Run, row: Record, expiry: Mapping[str, float]) -
     if not validity.is_expired(expires_after, _born(row), datetime.now(UTC)):
         return False
     key = ledger.Key(row["queue"], row["message_id"])
-    skipped = await repairs.skip_expired(run.pool, key, validity.EXPIRED)
+    skipped = await repairs.skip_expired(run.ledger, key, validity.EXPIRED)
     if skipped:
         log.info("%s/%s: expired, marked skipped", row["queue"], row["message_id"])
     return skipped
@@ -84,7 +84,7 @@ async def _dead_if_too_large(run: Run, row: Record, body_limits: Mapping[str, in
     detail = f"body of {size} bytes is over the limit of {limit} bytes"  # as the worker says
     failure = rejection(row["queue"], TOO_LARGE, detail)
     key = ledger.Key(row["queue"], row["message_id"])
-    if await repairs.refuse_in_flight(run.pool, key, TOO_LARGE, failure):
+    if await repairs.refuse_in_flight(run.ledger, key, TOO_LARGE, failure):
         log.error("%s: dead (%s), not re-driven: %s", key, TOO_LARGE, detail)
     return True  # a row that moved on meanwhile (a live claim) is its owner's to settle
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rabbitretry import amqp
-from rabbitretry.db import Pool
+from rabbitretry.db import Answering
 from rabbitretry.reconcile.expected import WindowReport
 from rabbitretry.reconcile.pacing import RateLimiter
 
@@ -51,7 +51,8 @@ class Run:
     """What every step of one run is given. A step adds what it did to ``report`` as it goes
     (errors, skipped rows), so that a run cut short still records how far it got."""
 
-    pool: Pool
+    ledger: Answering
+    """The ledger's statements, each answered within ``db.SILENT_AFTER`` or given up."""
     publisher: amqp.ConfirmingPublisher
     limiter: RateLimiter
     report: RunReport

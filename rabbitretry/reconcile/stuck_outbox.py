@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+from rabbitretry import db
 from rabbitretry.db import Connection, Record, query
 from rabbitretry.errors import ConnectionLost, PublishError, PublishRefused, UnpublishableError
 from rabbitretry.outbox import fail_unpublishable, failed_try, publish_row
@@ -15,14 +16,23 @@ log = logging.getLogger("rabbitretry.reconcile.reconciler")  # one logger for ev
 
 
 async def publish_stuck_outbox(run: Run) -> int:
-    """Publish outbox rows no relay took, holding their locks like a relay does."""
+    """Publish outbox rows no relay took, holding their locks like a relay does.
+
+    The transaction spans the publishing (paced), so each statement, not the whole, is
+    bounded: one the database does not answer within ``db.SILENT_AFTER`` fails the step.
+    """
     published = 0
     for _ in range(run.max_batches):
-        async with run.pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(query("reconcile_stuck_outbox"), run.grace, run.batch_size)
+        async with (
+            run.ledger.pool.acquire(timeout=db.SILENT_AFTER) as conn,
+            db.answered_transaction(conn),
+        ):
+            async with db.answered(conn):
+                rows = await conn.fetch(query("reconcile_stuck_outbox"), run.grace, run.batch_size)
             sent, lost = await _publish_outbox_rows(run, conn, rows)
             if sent:
-                await conn.execute(query("outbox_sent"), sent)
+                async with db.answered(conn):
+                    await conn.execute(query("outbox_sent"), sent)
         if lost is not None:
             raise lost  # every next publish would fail too; the confirmed rows stay sent
         published += len(sent)
@@ -45,13 +55,15 @@ async def _publish_outbox_rows(
             return sent, error
         except UnpublishableError as error:
             # No try can succeed: failed now, with the reason, as the relay does.
-            await fail_unpublishable(conn, row, error)
+            async with db.answered(conn):
+                await fail_unpublishable(conn, row, error)
             run.report.errors.append(f"outbox row {row['id']} cannot be published: {error}")
             continue
         except PublishRefused as error:
             # The broker refused this row: a counted try, as the relay counts one, so that a
             # row no relay takes still ends failed after its tries.
-            await failed_try(conn, row, str(error))
+            async with db.answered(conn):
+                await failed_try(conn, row, str(error))
             run.report.errors.append(f"outbox row {row['id']}: {error}")
             continue
         except PublishError as error:

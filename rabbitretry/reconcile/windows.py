@@ -35,10 +35,10 @@ async def check_window(run: Run, item: Reconciliation) -> WindowReport:
     if chunk:
         await _check_chunk(run, item, chunk, window)
         expected_keys += [e.message_id for e in chunk]
-    orphans = await run.pool.fetch(
+    orphans = await run.ledger.fetch(
         query("reconcile_orphans"), item.queue, start, end, expected_keys, ORPHAN_EXAMPLES
     )
-    await run.pool.execute(query("reconcile_forget_republished"), item.name, item.lookback)
+    await run.ledger.execute(query("reconcile_forget_republished"), item.name, item.lookback)
     window.orphaned = orphans[0]["total"] if orphans else 0
     window.orphan_examples = [row["message_id"] for row in orphans]
     if window.orphaned:
@@ -55,7 +55,7 @@ async def check_window(run: Run, item: Reconciliation) -> WindowReport:
 async def _check_chunk(
     run: Run, item: Reconciliation, chunk: list[Expected], window: WindowReport
 ) -> None:
-    rows = await run.pool.fetch(
+    rows = await run.ledger.fetch(
         query("reconcile_key_statuses"), item.queue, [e.message_id for e in chunk]
     )
     classified = classify([e.message_id for e in chunk], {r[0]: r[1] for r in rows})
@@ -63,7 +63,7 @@ async def _check_chunk(
     if not classified.missing:
         return
     # The claim rows make two reconcilers running at once re-publish a key only once.
-    claimed = await run.pool.fetch(
+    claimed = await run.ledger.fetch(
         query("reconcile_claim_republish"),
         item.queue,
         classified.missing,

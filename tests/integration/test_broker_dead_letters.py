@@ -19,10 +19,12 @@ import pytest
 from pydantic import BaseModel
 
 from rabbitretry import Consumer, Context, Permanent, RetryPolicy, amqp, ledger, topology_of
+from rabbitretry.errors import ConnectionLost
 from rabbitretry.ledger import MISSING_ID_PREFIX as MISSING_ID
 from rabbitretry.ledger.failures import describe
 from rabbitretry.message import headers
 from rabbitretry.operations import Filter, list_messages
+from rabbitretry.reconcile import dead_queue as dead_queue_scan
 from rabbitretry.reconcile.dead_queue import REASON
 from rabbitretry.reconcile.reconciler import Reconciler
 from rabbitretry.topology import declare
@@ -324,3 +326,40 @@ async def publish_without_id_to(
             connection.close()
 
     await asyncio.to_thread(send)
+
+
+async def test_an_id_less_dead_letter_whose_scan_lost_its_connection_is_recorded_once(
+    pool: asyncpg.Pool,
+    amqp_url: str,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+    reconcilers: list[Reconciler],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two identical messages without an id on ``Q.dead``: the first scan records them (two
+    records, not one) and loses its connection before putting them back; the broker returns
+    them, and the next scan finds both recorded: still two records, not four."""
+    consumer = quorum_consumer(queue_name)
+    cleanup.append(consumer)
+    await declared(amqp_url, consumer)
+    dead_queue = f"{queue_name}.dead"
+    for _ in range(2):
+        await publish_without_id_to(amqp_url, dead_queue, b'{"n": 2}', {"note": "twin"})
+    await wait_for(lambda: _depth_is(amqp_url, dead_queue, 2))
+
+    async def connection_lost(*args: Any, **kwargs: Any) -> bool:
+        raise ConnectionLost("the connection was lost before the copies went back")
+
+    monkeypatch.setattr(dead_queue_scan, "_rotate", connection_lost)
+    first = await reconciler_for(reconcilers, pool, amqp_url, consumer).run_once()
+    assert first.failed_steps == ["dead-letter queues"]
+    assert len(await ledger_rows(pool, queue_name)) == 2
+    monkeypatch.undo()
+    await wait_for(lambda: _depth_is(amqp_url, dead_queue, 2))  # back, unacked
+
+    second = await reconciler_for(reconcilers, pool, amqp_url, consumer).run_once()
+    assert (second.broker_dead_recorded, second.errors) == (0, [])
+    rows = await ledger_rows(pool, queue_name)
+    assert len(rows) == 2 and all(key.startswith(MISSING_ID) for key in rows)
+    assert all(bytes(row["payload"]) == b'{"n": 2}' for row in rows.values())
+    assert await queue_depth(amqp_url, dead_queue) == 2  # rotated, never drained

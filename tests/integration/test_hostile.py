@@ -16,9 +16,12 @@ import asyncpg
 import pytest
 from pydantic import BaseModel, field_validator
 
-from rabbitretry import Consumer, Context, RetryPolicy
+from rabbitretry import Consumer, Context, RetryPolicy, amqp
+from rabbitretry.consumer import topology_of
 from rabbitretry.delivery.pipeline import Pipeline
 from rabbitretry.ledger import AttemptLedger, Key, snapshot_of
+from rabbitretry.operations.replay import replay, replay_targets, sender
+from rabbitretry.topology import declare
 from tests.integration.harness import (
     publish,
     publish_without_id,
@@ -345,6 +348,47 @@ async def test_each_delivery_without_an_id_gets_its_own_dead_letter(
     rows = await dead_rows(pool, queue_name, "missing-message-id")
     assert len({r["message_id"] for r in rows}) == 2
     assert all(bytes(r["payload"]) == b'{"n": 1}' for r in rows)
+
+
+async def test_a_delivery_without_an_id_stays_one_dead_letter_whatever_its_copy_meets(
+    amqp_url: str,
+    database_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+) -> None:
+    """Its dead copy is refused (the dead-letter queue was deleted under the worker), so the
+    delivery is requeued and comes back: it finds its record by its content's hash and is
+    acked, one dead letter; replaying every such letter then runs the handler once."""
+    runs: list[str] = []
+
+    async def handler(msg: Job, ctx: Context) -> None:
+        runs.append(ctx.message_id)
+
+    consumer = make_consumer(queue_name, handler)
+    cleanup.append(consumer)
+    async with running_worker([consumer], amqp_url, database_url) as worker:
+        connection = await amqp.connect(amqp_url)
+        try:
+            channel = await connection.channel()
+            await channel.queue_delete(f"{queue_name}.dead")
+            await publish_without_id(amqp_url, queue_name, b'{"n": 1}')
+
+            async def came_back_and_dropped() -> bool:
+                return any(o.result == "dropped" for o in worker.outcomes)
+
+            await wait_for(came_back_and_dropped, timeout=20)
+            assert [o.result for o in worker.outcomes] == ["requeued", "dropped"]
+            await declare(connection, topology_of([consumer]))
+        finally:
+            await connection.close()
+        (row,) = await dead_rows(pool, queue_name, "missing-message-id")
+        key = Key(queue_name, row["message_id"])
+        async with sender(amqp_url) as send:
+            targets = await replay_targets(pool, queue=queue_name)
+            assert (await replay(pool, send, targets, actor="test")).replayed == 1
+        await wait_status(pool, queue_name, key.message_id, "succeeded")
+    assert runs == [key.message_id]
 
 
 async def test_a_success_mark_that_matches_no_row_is_never_acked(

@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 from pydantic import BaseModel
 
-from rabbitretry import Consumer, Context, Retry, RetryPolicy, amqp
+from rabbitretry import Consumer, Context, Retry, RetryPolicy, amqp, db
 from rabbitretry.consumer import topology_of
 from rabbitretry.ledger import AttemptLedger, ClaimRequest, Key, Snapshot, repairs
 from rabbitretry.ledger.failures import rejection
@@ -162,7 +162,7 @@ async def reconcile_run(amqp_url: str, pool: asyncpg.Pool) -> AsyncIterator[Run]
     connection = await amqp.connect(amqp_url)
     try:
         yield Run(
-            pool=pool,
+            ledger=db.Answering(pool),
             publisher=await amqp.ConfirmingPublisher.open(connection),
             limiter=RateLimiter(1000),
             report=RunReport(),

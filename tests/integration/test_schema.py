@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 
 from rabbitretry import db
+from rabbitretry.ledger import migrations
 from tests.conftest import fresh_database
 
 
@@ -25,15 +26,15 @@ async def test_every_named_statement_prepares_against_the_migrated_schema(
 
 async def test_migrating_again_applies_nothing(pool: asyncpg.Pool) -> None:
     async with pool.acquire() as conn:
-        assert await db.pending_migrations(conn) == []
-        assert await db.migrate(conn) == []
+        assert await migrations.pending_migrations(conn) == []
+        assert await migrations.migrate(conn) == []
         versions = [
             r["version"]
             for r in await conn.fetch(
                 "SELECT version FROM rabbitretry.schema_migration ORDER BY version"
             )
         ]
-    assert versions == [version for version, _, _ in db.migrations()]
+    assert versions == [version for version, _, _ in migrations.shipped()]
 
 
 # The whole schema `rabbitretry` as the catalogs describe it, one query per kind of object,
@@ -124,7 +125,7 @@ async def migrated_url(server_database_url: str) -> AsyncIterator[str]:
     async with fresh_database(server_database_url, None) as url:
         conn = await asyncpg.connect(url)
         try:
-            await db.migrate(conn)
+            await migrations.migrate(conn)
         finally:
             await conn.close()
         yield url
@@ -158,8 +159,8 @@ async def test_migrate_applies_nothing_to_a_database_built_from_schema_sql(
 ) -> None:
     conn = await asyncpg.connect(from_schema_url)
     try:
-        assert await db.pending_migrations(conn) == []
-        assert await db.migrate(conn) == []
+        assert await migrations.pending_migrations(conn) == []
+        assert await migrations.migrate(conn) == []
     finally:
         await conn.close()
 

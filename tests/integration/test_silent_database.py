@@ -1,12 +1,16 @@
 """A PostgreSQL that keeps the connection but stops answering (a partition, a hung server) is an
 outage within a bound: the callback receiver answers 503 within its ``store_timeout``, the
-worker's outage gate closes within ``SILENT_AFTER`` (deliveries pause, nothing is charged), and
-both recover by themselves when the database answers again."""
+worker's outage gate closes within ``SILENT_AFTER`` (deliveries pause, nothing is charged), the
+outbox relay and the reconciler give up their pass within it, and all recover by themselves
+when the database answers again."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -16,6 +20,8 @@ import pytest
 from rabbitretry import Consumer, amqp, db
 from rabbitretry.callbacks import CallbackReceiver
 from rabbitretry.outbox import Outbox, OutboxRelay
+from rabbitretry.reconcile.expected import Expected, Reconciliation
+from rabbitretry.reconcile.reconciler import Reconciler
 from tests.integration.conftest import BrokerCleanup
 from tests.integration.harness import (
     publish,
@@ -26,6 +32,7 @@ from tests.integration.harness import (
 )
 from tests.integration.test_callbacks import body_of, client_for, kind_for, outbox_rows, post
 from tests.integration.test_database_refusals import counting_consumer, gate_closed
+from tests.integration.test_reconciler import Scene
 from tests.proxy import Proxy
 
 pytestmark = pytest.mark.asyncio
@@ -165,3 +172,64 @@ async def test_a_silent_database_costs_the_relay_one_pass_within_the_bound(
         await connection.close()
     assert await queue_depth(amqp_url, queue_name) == 1
     assert await pool.fetchval("SELECT status FROM rabbitretry.outbox") == "sent"
+
+
+async def test_a_silent_database_fails_a_reconciler_run_within_the_bound_in_one_line(
+    amqp_url: str,
+    database_url: str,
+    database_proxy: Proxy,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The database goes silent in the middle of a run (the window step's hook stalls it):
+    the run ends within the bound, says so in one line with no traceback, and a later run,
+    once the database answers, re-drives what was lost meanwhile."""
+    monkeypatch.setattr(db, "SILENT_AFTER", STORE_TIMEOUT)
+    scene = Scene(amqp_url, database_url, pool, queue_name, cleanup)
+    await scene.consumer()
+    stalled: list[float] = []
+
+    async def stalling(start: datetime, end: datetime) -> AsyncIterator[Expected]:
+        if not stalled:
+            database_proxy.stall()
+            stalled.append(time.monotonic())
+        return
+        yield  # an async generator
+
+    window = Reconciliation("stalls", queue_name, stalling, lookback=600, settle=0)
+    proxied = await db.create_pool(database_proxy.url_for(database_url), min_size=1, max_size=2)
+    reconciler = Reconciler(proxied, amqp_url, reconciliations=[window], grace=1.0)
+    task = asyncio.create_task(reconciler.run(interval=0.5))
+    try:
+
+        def failed_runs() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if r.getMessage().startswith("reconciler run failed")]
+
+        async def warned() -> bool:
+            return bool(failed_runs())
+
+        await wait_for(warned, timeout=STORE_TIMEOUT * 10)
+        took = time.monotonic() - stalled[0]
+        assert took < STORE_TIMEOUT + SLACK, f"the run gave up after {took:.1f} s"
+        (line, *_) = failed_runs()
+        assert line.levelno == logging.WARNING and line.exc_info is None
+        assert "the database is unreachable (DatabaseSilent: the database gave no answer" in (
+            line.getMessage()
+        )
+        database_proxy.restore()
+        await scene.lost_retries(["lost"])
+
+        async def redriven() -> bool:
+            return await queue_depth(amqp_url, queue_name) == 1
+
+        await wait_for(redriven, timeout=20)
+    finally:
+        reconciler.stop()
+        await asyncio.wait_for(task, timeout=30)
+        await proxied.close()
+    assert await scene.drain() == ["lost"]
+    tracebacks = [r for r in caplog.records if r.exc_info and r.levelno >= logging.WARNING]
+    assert tracebacks == [], [r.getMessage() for r in tracebacks]
