@@ -190,6 +190,9 @@ def _closing_reason(closing: asyncio.Future[Any]) -> str:
     if closing.cancelled():
         return "cancelled"
     error = closing.exception()
+    if isinstance(error, asyncio.CancelledError):
+        # aiormq cancels its reader when no frame came for three heartbeats.
+        return "no frame from the broker for three heartbeats: it stopped answering"
     return "closed" if error is None else error_text(error)
 
 
@@ -278,6 +281,7 @@ _LOSS_LINES = (
     "Unexpected connection close from remote",  # aiormq: the broker's Connection.Close
     "Connection to %s closed. Reconnecting",  # aio-pika
     'Connection attempt to "%s" cancelled',  # aio-pika
+    "Server connection %r was stuck",  # aiormq: no frame within 3 heartbeats, a silent broker
 )
 
 

@@ -274,3 +274,54 @@ async def test_a_forced_close_under_load_is_quiet_and_loses_nothing(
     assert [text(r) for r in records if r.levelno >= logging.ERROR] == []
     lost = rabbitretry_lines(records, logging.WARNING)
     assert len(lost) == 2, lost
+
+
+async def test_a_silent_broker_is_a_lost_connection_within_three_heartbeats(
+    amqp_url: str,
+    database_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+    proxy: CountingProxy,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The broker keeps the connection but stops answering (a partition, a hung node): the
+    worker takes it for lost once no frame came for 3 * (heartbeat + 1) s, says so in one
+    line per connection, and resumes by itself when the broker answers again."""
+    heartbeat = 2
+    bound = 3 * (heartbeat + 1) + heartbeat  # the grace, plus one check interval at most
+    handled: list[int] = []
+
+    async def handler(msg: Job) -> None:
+        handled.append(msg.n)
+
+    consumer = consumer_for(queue_name, handler)
+    cleanup.append(consumer)
+    url = proxy.url_for(amqp_url).rstrip("/") + f"/?heartbeat={heartbeat}"
+    async with running_worker([consumer], url, database_url, shutdown_timeout=5) as worker:
+        await publish(amqp_url, queue_name, {"n": 1}, message_id="before")
+        await wait_status(pool, queue_name, "before", "succeeded")
+        caplog.clear()
+        caplog.set_level(logging.DEBUG)
+        proxy.stall()
+        stalled = asyncio.get_running_loop().time()
+
+        async def down() -> bool:
+            return worker.health().checks["broker"] != "ok"
+
+        await wait_for(down, timeout=bound * 3)
+        took = asyncio.get_running_loop().time() - stalled
+        assert took <= bound + 2, f"the silent broker was noticed after {took:.1f} s"
+        await publish(amqp_url, queue_name, {"n": 2}, message_id="during")
+        proxy.restore()
+        await wait_for(connections_up(worker), timeout=30)
+        await wait_status(pool, queue_name, "during", "succeeded", timeout=30)
+        records = list(caplog.records)
+    assert handled == [1, 2]
+    assert library_noise(records) == []
+    assert [text(r) for r in records if r.levelno >= logging.ERROR] == []
+    lost = rabbitretry_lines(records, logging.WARNING)
+    assert 1 <= len(lost) <= 2, lost  # one per connection that noticed
+    assert all(" lost (no frame from the broker for three heartbeats" in line for line in lost), (
+        lost
+    )
