@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from rabbitretry import db
 from rabbitretry.db import Connection, DatabaseSilent, Pool, query
@@ -75,7 +75,14 @@ class CommitGroup(Generic[Request, Result]):
         result = self.enqueue(request)
         sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._sent[result] = sent
-        await sent
+        try:
+            await sent
+            failed = result.exception() if result.done() and not result.cancelled() else None
+            if failed is not None:
+                raise failed  # it failed before it was written
+        except BaseException:
+            result.add_done_callback(_read)  # the same failure, raised here: nobody reads it
+            raise
         return result
 
     def enqueue(self, request: Request) -> asyncio.Future[Result]:
@@ -152,28 +159,32 @@ class CommitGroup(Generic[Request, Result]):
     ) -> None:
         requests = [request for request, _ in group]
         outcomes: list[Result | BaseException] = []
+        # A silent database may never answer: past SILENT_AFTER the connection is terminated,
+        # which fails the statement, and the writes of the group are an outage for their
+        # callers. (A bare timer: this runs for every write, and asyncio.timeout costs more.)
+        silenced: list[bool] = []
+        watch = asyncio.get_running_loop().call_later(db.SILENT_AFTER, _silence, conn, silenced)
         try:
             shape = len(requests) == 1
-            async with asyncio.timeout(db.SILENT_AFTER):
-                if self._sent and shape in prepared:
-                    outcomes = list(await self._sent_then_run(conn, group))
-                else:
-                    outcomes = list(await self._statement(conn, requests))
+            if self._sent and shape in prepared:
+                outcomes = list(await self._sent_then_run(conn, group))
+            else:
+                outcomes = list(await self._statement(conn, requests))
             prepared.add(shape)
-        except TimeoutError:
-            # A silent database: the connection may never answer; the writes of the group
-            # are an outage for their callers, and the connection is not used again.
-            conn.terminate()
-            silent = DatabaseSilent(f"the database gave no answer within {db.SILENT_AFTER:g} s")
-            outcomes = [silent] * len(requests)
         except Exception as error:
-            if len(requests) == 1:
+            if silenced:
+                silent = DatabaseSilent(f"the database gave no answer within {db.SILENT_AFTER:g} s")
+                outcomes = [silent] * len(requests)
+            elif len(requests) == 1:
                 outcomes = [error]
             else:
                 # Each write on its own: the error a caller sees is its own, if any.
                 outcomes = [await _outcome(self._run_one(conn, r)) for r in requests]
+        finally:
+            watch.cancel()
         for (_, future), outcome in zip(group, outcomes, strict=True):
-            self._mark_sent(future)
+            # A write whose callers were not yet told it was sent failed before it committed.
+            self._mark_sent(future, outcome if isinstance(outcome, BaseException) else None)
             if future.done():  # its caller was cancelled (a shutdown)
                 continue
             if isinstance(outcome, BaseException):
@@ -184,20 +195,18 @@ class CommitGroup(Generic[Request, Result]):
     async def _sent_then_run(
         self, conn: Connection, group: list[tuple[Request, asyncio.Future[Result]]]
     ) -> list[Result]:
-        """The group's statement, its callers told once it is on its way (see :meth:`send`).
+        """The group's statement, its callers told it is on its way (see :meth:`send`).
 
-        One turn of the loop runs the statement's first step, which writes it to the
-        connection: asyncpg sends a statement it has prepared on this connection before it
-        first waits. (One it has not yet prepared waits for the server's description first:
-        for that one, "sent" waits for the result.)
+        They are told before the await, but resume only on a later turn of the loop, once
+        this task waits: by then the statement is written, since awaiting it runs its first
+        step at once and asyncpg sends a statement it has prepared on this connection before
+        it first waits. A statement that fails in that step fails before they resume, and
+        :meth:`send` raises its error. (One not yet prepared waits for the server's
+        description first: for that one, "sent" waits for the result.)
         """
-        statement = self._statement(conn, [r for r, _ in group])
-        running = asyncio.create_task(statement)
-        await asyncio.sleep(0)
-        failed = running.exception() if running.done() else None
         for _, future in group:
-            self._mark_sent(future, failed)
-        return await running
+            self._mark_sent(future)
+        return await self._statement(conn, [r for r, _ in group])
 
     async def _statement(self, conn: Connection, requests: list[Request]) -> list[Result]:
         if len(requests) == 1:
@@ -216,6 +225,16 @@ class CommitGroup(Generic[Request, Result]):
             sent.cancel()
         else:
             sent.set_result(None)
+
+
+def _silence(conn: Connection, silenced: list[bool]) -> None:
+    silenced.append(True)
+    conn.terminate()
+
+
+def _read(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _wake(sleeper: asyncio.Future[None]) -> None:
