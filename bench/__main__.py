@@ -30,13 +30,14 @@ from bench.latency import run_latency
 from bench.processes import run_processes
 from bench.retry_delay import MIN_DELAY, run_retry_delays
 from bench.services import AMQP_URL, scratch_database
-from bench.throughput import run_dramatiq, run_naive, run_rabbitretry, run_raw
+from bench.throughput import RunResult, run_dramatiq, run_naive, run_rabbitretry, run_raw
 
 RESULTS = Path(__file__).parent / "results"
 DOCUMENT = Path(__file__).parent.parent / "docs" / "benchmarks.md"
 
 CONSOLE_ROWS = 100_000  # dead letters (and as many succeeded) behind the console's pages
-Runner = Callable[[int, int], Awaitable[float]]  # (messages, warmup) -> msgs/s
+Runner = Callable[[int, int], Awaitable[RunResult]]  # (messages, warmup) -> rate and costs
+Runs = dict[str, dict[str, list[float]]]  # variant -> setting -> one figure per round
 
 
 def variants(database_url: str) -> list[tuple[str, str, Runner]]:
@@ -52,16 +53,25 @@ def variants(database_url: str) -> list[tuple[str, str, Runner]]:
 
 async def throughput(
     database_url: str, messages: int, repeats: int
-) -> dict[str, dict[str, list[float]]]:
-    """Every variant ``repeats`` times, round-robin so that a noisy minute hits them all."""
+) -> tuple[Runs, dict[str, Runs]]:
+    """Every variant ``repeats`` times, round-robin so that a noisy minute hits them all: the
+    rates, and each cost per message (``cpu_us``, ``wal_bytes``...) in the same shape."""
     warmup = max(200, messages // 10)
-    runs: dict[str, dict[str, list[float]]] = {}
+    runs: Runs = {}
+    costs: dict[str, Runs] = {}
     for repeat in range(1, repeats + 1):
         for variant, setting, runner in variants(database_url):
-            rate = await runner(messages, warmup)
-            runs.setdefault(variant, {}).setdefault(setting, []).append(rate)
-            print(f"  run {repeat}/{repeats}  {variant}({setting}): {rate:,.0f} msgs/s", flush=True)
-    return runs
+            result = await runner(messages, warmup)
+            runs.setdefault(variant, {}).setdefault(setting, []).append(result.rate)
+            for name, value in result.costs.items():
+                costs.setdefault(name, {}).setdefault(variant, {}).setdefault(setting, [])
+                costs[name][variant][setting].append(value)
+            print(
+                f"  run {repeat}/{repeats}  {variant}({setting}): {result.rate:,.0f} msgs/s, "
+                + ", ".join(f"{name} {value:,.1f}" for name, value in result.costs.items()),
+                flush=True,
+            )
+    return runs, costs
 
 
 def cpu_model() -> str:
@@ -126,8 +136,9 @@ async def main(
     started = time.monotonic()
     async with scratch_database() as database_url:
         print(f"throughput: {messages:,} messages a run, {repeats} rounds, medians", flush=True)
-        runs = await throughput(database_url, messages, repeats)
+        runs, cost_runs = await throughput(database_url, messages, repeats)
         rates = stats.medians(runs)
+        costs = {name: stats.medians(by_variant) for name, by_variant in cost_runs.items()}
         spread = stats.paired_ratios(runs)
         ratios = {**stats.ratios(rates), **{name: r["median"] for name, r in spread.items()}}
 
@@ -171,6 +182,8 @@ async def main(
         "repeats": repeats,
         "runs": runs,
         "throughput": rates,
+        "costs": costs,
+        "cost_runs": cost_runs,
         "ratios": ratios,
         "ratio_spread": spread,
         "latency": latency,

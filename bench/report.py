@@ -27,6 +27,36 @@ def throughput_table(rates: Mapping[str, Mapping[str, float]]) -> str:
     return "\n".join(lines)
 
 
+COSTS = (
+    ("cpu_us", "consumer CPU (µs)", ",.0f"),
+    ("wal_bytes", "WAL (bytes)", ",.0f"),
+    ("commits", "commits", ".2f"),
+    ("rows", "rows written", ".2f"),
+    ("table_bytes", "bytes stored", ",.0f"),
+)
+
+
+def costs_table(costs: Mapping[str, Mapping[str, Mapping[str, float]]]) -> str:
+    """Markdown: each cost per message (medians over the rounds), one row per run."""
+    lines = [
+        "| variant | " + " | ".join(label for _, label, _ in COSTS) + " |",
+        "|---|" + "---:|" * len(COSTS),
+    ]
+    for variant, label in LABELS.items():
+        settings = {
+            setting for name, _, _ in COSTS for setting in costs.get(name, {}).get(variant, {})
+        }
+        for setting in sorted(settings, key=lambda s: (len(s), s)):
+            cells = [
+                format(costs[name][variant][setting], spec)
+                if setting in costs.get(name, {}).get(variant, {})
+                else ""
+                for name, _, spec in COSTS
+            ]
+            lines.append(f"| {label} ({setting}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def ratio_table(ratios: Mapping[str, float], spread: Mapping[str, Mapping[str, Any]]) -> str:
     """Each ratio, with its spread over the repeats where it was measured pairwise."""
     lines = ["| ratio | value | per repeat (min to max) |", "|---|---:|---:|"]
@@ -128,6 +158,7 @@ def other_table(results: Mapping[str, Any]) -> str:
 
 def tables(results: Mapping[str, Any]) -> list[str]:
     return [
+        "Costs per message (medians):\n\n" + costs_table(results["costs"]),
         ratio_table(results["ratios"], results["ratio_spread"]),
         latency_table(results["latency"]),
         retry_table(results["retry_delay"]),

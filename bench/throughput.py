@@ -8,6 +8,8 @@ the publisher is not competing for the CPU while the clock runs.
 * B  A plus a naive ledger: insert-or-increment, then mark done, each its own commit;
 * C  rabbitretry: a real ``Worker`` with a no-op ``Consumer``;
 * D  dramatiq with its RabbitMQ broker (threads, prefetch 2 per thread, no ledger).
+
+Each run returns its rate and its costs per message (:mod:`bench.costs`).
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import aio_pika
 import asyncpg
 
+from bench.costs import NAIVE_TABLES, RABBITRETRY_TABLES, cpu_per_message, database_costs
 from bench.services import (
     AMQP_URL,
     body,
@@ -53,13 +57,15 @@ UPDATE bench_naive SET status = 'done', finished_at = now() WHERE queue = $1 AND
 
 
 class Clock:
-    """Marks when the warm-up ends and when the measured messages are through."""
+    """Marks when the warm-up ends and when the measured messages are through, in wall time
+    and in the process's CPU time."""
 
     def __init__(self, warmup: int, messages: int) -> None:
         self.warmup = warmup
         self.total = warmup + messages
         self.count = 0
         self.started = 0.0
+        self.cpu_started = self.cpu_ended = 0.0
         self._lock = threading.Lock()  # dramatiq counts from its worker threads
 
     def tick(self) -> None:
@@ -67,10 +73,26 @@ class Clock:
             self.count += 1
             if self.count == self.warmup:
                 self.started = time.monotonic()
+                self.cpu_started = time.process_time()
+            if self.count == self.total:
+                self.cpu_ended = time.process_time()
 
     @property
     def done(self) -> bool:
         return self.count >= self.total
+
+    def cpu_us(self) -> float:
+        """The process's CPU time per measured message, in microseconds."""
+        return cpu_per_message(self.cpu_ended - self.cpu_started, self.total - self.warmup)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    rate: float
+    """Measured messages per second."""
+    costs: dict[str, float] = field(default_factory=dict)
+    """Per message: ``cpu_us``, and for a ledger ``wal_bytes``, ``commits``, ``rows`` and
+    ``table_bytes`` (:mod:`bench.costs`)."""
 
 
 def _bodies(queue: str, count: int) -> list[tuple[str, bytes]]:
@@ -82,7 +104,7 @@ async def raw_consumers(
     concurrency: int,
     clock: Clock,
     work: Callable[[aio_pika.abc.AbstractIncomingMessage], Awaitable[None]] | None = None,
-) -> float:
+) -> RunResult:
     """A or B: ``concurrency`` channels with prefetch 1 consuming ``queue``; msgs/s."""
     connection = await aio_pika.connect(AMQP_URL)
     try:
@@ -105,10 +127,12 @@ async def raw_consumers(
         ended = time.monotonic()
     finally:
         await connection.close()
-    return (clock.total - clock.warmup) / (ended - clock.started)
+    return RunResult(
+        (clock.total - clock.warmup) / (ended - clock.started), {"cpu_us": clock.cpu_us()}
+    )
 
 
-async def run_raw(concurrency: int, messages: int, warmup: int) -> float:
+async def run_raw(concurrency: int, messages: int, warmup: int) -> RunResult:
     queue = random_name("raw")
     connection = await aio_pika.connect(AMQP_URL)
     try:
@@ -120,24 +144,32 @@ async def run_raw(concurrency: int, messages: int, warmup: int) -> float:
         await connection.close()
 
 
-async def run_naive(database_url: str, concurrency: int, messages: int, warmup: int) -> float:
+async def run_naive(database_url: str, concurrency: int, messages: int, warmup: int) -> RunResult:
     queue = random_name("naive")
     connection = await aio_pika.connect(AMQP_URL)
-    pool = await asyncpg.create_pool(database_url, min_size=concurrency, max_size=concurrency)
-    assert pool is not None
     try:
-        await pool.execute(NAIVE_SCHEMA)
         await declare_plain_queue(connection, queue)
         await prefill(connection, queue, _bodies(queue, warmup + messages))
+        clock = Clock(warmup, messages)
+        # The pool is closed inside the span: a backend that exits flushes its statistics.
+        async with database_costs(database_url, NAIVE_TABLES, lambda: clock.total) as costs:
+            pool = await asyncpg.create_pool(
+                database_url, min_size=concurrency, max_size=concurrency
+            )
+            assert pool is not None
+            try:
+                await pool.execute(NAIVE_SCHEMA)
 
-        async def two_commits(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-            async with pool.acquire() as conn:
-                await conn.execute(NAIVE_CLAIM, queue, message.message_id)
-                await conn.execute(NAIVE_DONE, queue, message.message_id)
+                async def two_commits(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+                    async with pool.acquire() as conn:
+                        await conn.execute(NAIVE_CLAIM, queue, message.message_id)
+                        await conn.execute(NAIVE_DONE, queue, message.message_id)
 
-        return await raw_consumers(queue, concurrency, Clock(warmup, messages), two_commits)
+                result = await raw_consumers(queue, concurrency, clock, two_commits)
+            finally:
+                await pool.close()
+        return RunResult(result.rate, {**result.costs, **costs})
     finally:
-        await pool.close()
         await delete_queues(connection, [queue])
         await connection.close()
 
@@ -191,17 +223,27 @@ async def prefilled_worker(
         await connection.close()
 
 
-async def run_rabbitretry(database_url: str, concurrency: int, messages: int, warmup: int) -> float:
+async def run_rabbitretry(
+    database_url: str, concurrency: int, messages: int, warmup: int
+) -> RunResult:
     clock = Clock(warmup, messages)
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     assert pool is not None
+    polls = 0
     try:
-        async with prefilled_worker(database_url, concurrency, clock, "rr") as (queue, task):
+        async with (
+            database_costs(
+                database_url, RABBITRETRY_TABLES, lambda: clock.total, lambda: polls
+            ) as costs,
+            prefilled_worker(database_url, concurrency, clock, "rr") as (queue, task),
+        ):
             await wait_until(lambda: clock.done or task.done(), timeout=TIMEOUT)
             if task.done():
                 task.result()  # the worker failed: re-raise its error
 
             async def all_succeeded() -> bool:
+                nonlocal polls
+                polls += 1
                 done = await pool.fetchval(
                     "SELECT count(*) FROM rabbitretry.ledger"
                     " WHERE queue = $1 AND status = 'succeeded'",
@@ -210,12 +252,12 @@ async def run_rabbitretry(database_url: str, concurrency: int, messages: int, wa
                 return bool(done >= clock.total)
 
             ended = await wait_until(all_succeeded, timeout=TIMEOUT, interval=0.002)
-        return messages / (ended - clock.started)
+        return RunResult(messages / (ended - clock.started), {"cpu_us": clock.cpu_us(), **costs})
     finally:
         await pool.close()
 
 
-async def run_dramatiq(threads: int, messages: int, warmup: int) -> float:
+async def run_dramatiq(threads: int, messages: int, warmup: int) -> RunResult:
     import dramatiq
     from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
@@ -248,7 +290,7 @@ async def run_dramatiq(threads: int, messages: int, warmup: int) -> float:
         finally:
             await asyncio.to_thread(worker.stop)
             await asyncio.to_thread(broker.close)
-        return messages / (ended - clock.started)
+        return RunResult(messages / (ended - clock.started), {"cpu_us": clock.cpu_us()})
     finally:
         await delete_queues(connection, [queue, f"{queue}.DQ", f"{queue}.XQ"])
         await connection.close()

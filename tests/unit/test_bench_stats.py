@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from bench import report, stats
+from bench import costs, report, stats
 
 RATES = {
     "A": {"1": 3000.0, "8": 6000.0, "32": 9000.0},
@@ -133,6 +133,7 @@ def results() -> dict[str, Any]:
         },
         "due_scan_statement": "reconcile_overdue_retries",
         "throughput": RATES,
+        "costs": COSTS,
         "ratios": stats.ratios(RATES),
         "ratio_spread": stats.paired_ratios(RUNS),
         "latency": {
@@ -159,6 +160,36 @@ def results() -> dict[str, Any]:
         "rss_mb": 60.0,
         "targets": [t.as_dict() for t in stats.targets(MEASURED)],
     }
+
+
+COSTS = {
+    "cpu_us": {"A": {"32": 100.0}, "C": {"32": 350.4}, "D": {"1x8": 80.0}},
+    "wal_bytes": {"C": {"32": 1460.2}},
+    "commits": {"C": {"32": 0.125}},
+    "rows": {"C": {"32": 4.0}},
+    "table_bytes": {"C": {"32": 852.0}},
+}
+
+
+def test_costs_per_message_leave_out_the_benchmarks_own_reads() -> None:
+    before = costs.DatabaseSnapshot(wal=1000, commits=10, rows=5, bytes=8192)
+    after = costs.DatabaseSnapshot(wal=15600, commits=31, rows=45, bytes=16384)
+    assert costs.per_message(before, after, 10, own_reads=11) == {
+        "wal_bytes": 1460.0,
+        "commits": 1.0,
+        "rows": 4.0,
+        "table_bytes": 819.2,
+    }
+    assert costs.cpu_per_message(0.0035, 10) == pytest.approx(350.0)
+    with pytest.raises(ValueError):
+        costs.per_message(before, after, 0)
+
+
+def test_the_costs_table_shows_each_run_with_what_it_measured() -> None:
+    table = report.costs_table(COSTS)
+    assert "| A raw aio-pika (32) | 100 |  |  |  |  |" in table
+    assert "| C rabbitretry (32) | 350 | 1,460 | 0.12 | 4.00 | 852 |" in table
+    assert "| D dramatiq (1x8) | 80 |  |  |  |  |" in table
 
 
 def test_report_tables_show_every_variant_spreads_and_missed_targets() -> None:

@@ -1,0 +1,100 @@
+"""What a run costs per message, in figures a noisy machine does not move: the consumer's own
+CPU time, and in the database the WAL bytes, commits, rows written and bytes stored.
+
+Rates on a shared 2-core machine wobble by a fifth from one minute to the next; these do not,
+so a change to the hot path shows its effect here first. The database figures are taken over
+every message of a run (its warm-up included, which writes like the rest), the CPU time over
+the measured ones (:class:`bench.throughput.Clock`). The arithmetic is pure and unit-tested;
+:func:`database_costs` is the only part that talks to PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+import asyncpg
+
+# PostgreSQL's backends flush their statistics at most once a second (and when they go idle
+# or exit): the figures after a run are read once this has passed.
+STATS_SETTLE = 1.5
+
+# Each variant's ledger tables; A has none.
+RABBITRETRY_TABLES = ("rabbitretry.ledger", "rabbitretry.attempt")
+NAIVE_TABLES = ("public.bench_naive",)
+
+SNAPSHOT = """
+SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal,
+       (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()) AS commits,
+       coalesce((SELECT sum(n_tup_ins + n_tup_upd + n_tup_del) FROM pg_stat_user_tables
+                 WHERE relid = ANY (SELECT to_regclass(t) FROM unnest($1::text[]) AS t)), 0)
+           ::bigint AS rows,
+       coalesce((SELECT sum(pg_total_relation_size(to_regclass(t))) FROM unnest($1::text[]) AS t
+                 WHERE to_regclass(t) IS NOT NULL), 0)::bigint AS bytes
+"""
+
+
+@dataclass(frozen=True)
+class DatabaseSnapshot:
+    wal: int
+    """Bytes of WAL written since the server began (cluster-wide)."""
+    commits: int
+    """Transactions committed in the database."""
+    rows: int
+    """Rows inserted, updated and deleted in the tables."""
+    bytes: int
+    """The tables' size on disk, indexes and TOAST included."""
+
+
+def per_message(
+    before: DatabaseSnapshot, after: DatabaseSnapshot, messages: int, own_reads: int = 0
+) -> dict[str, float]:
+    """What the database did between two snapshots, per message; ``own_reads`` is how many
+    read-only transactions the benchmark itself ran meanwhile (its progress checks, and the
+    snapshot that opens the span), not counted as commits."""
+    if messages <= 0:
+        raise ValueError("no messages")
+    return {
+        "wal_bytes": (after.wal - before.wal) / messages,
+        "commits": (after.commits - before.commits - own_reads) / messages,
+        "rows": (after.rows - before.rows) / messages,
+        "table_bytes": (after.bytes - before.bytes) / messages,
+    }
+
+
+def cpu_per_message(cpu_seconds: float, messages: int) -> float:
+    """Microseconds of the consumer's own CPU time per message."""
+    if messages <= 0:
+        raise ValueError("no messages")
+    return cpu_seconds / messages * 1e6
+
+
+async def snapshot(database_url: str, tables: Sequence[str]) -> DatabaseSnapshot:
+    conn = await asyncpg.connect(database_url)
+    try:
+        row = await conn.fetchrow(SNAPSHOT, list(tables))
+    finally:
+        await conn.close()
+    assert row is not None
+    return DatabaseSnapshot(row["wal"], row["commits"], row["rows"], row["bytes"])
+
+
+@contextlib.asynccontextmanager
+async def database_costs(
+    database_url: str,
+    tables: Sequence[str],
+    messages: Callable[[], int],
+    own_reads: Callable[[], int] = lambda: 0,
+) -> AsyncIterator[dict[str, float]]:
+    """The database's costs per message of the block's work, filled in on the way out
+    (``messages()``: how many it handled; ``own_reads()``: the benchmark's own read-only
+    transactions in the block)."""
+    found: dict[str, float] = {}
+    before = await snapshot(database_url, tables)
+    yield found
+    await asyncio.sleep(STATS_SETTLE)
+    after = await snapshot(database_url, tables)
+    # The first snapshot's own transaction is counted in the second's figure.
+    found.update(per_message(before, after, messages(), own_reads() + 1))
