@@ -68,7 +68,7 @@ async def prune(
         typer.Option(
             "--older-than",
             help="Remove what finished longer ago than this: a whole number and a unit, h "
-            "(hours), d (days) or w (weeks), such as 36h, 30d or 2w; at least 1d (24h).",
+            "(hours), d (days) or w (weeks), such as 72h, 30d or 2w; at least 3d (72h).",
         ),
     ] = "30d",
     dry_run: Annotated[

@@ -246,7 +246,7 @@ def test_every_rate_takes_both_spellings() -> None:
 
 def test_prune_says_what_older_than_accepts() -> None:
     text = " ".join(help_of("ledger", "prune").split())
-    assert "such as 36h, 30d or 2w; at least 1d (24h)" in text
+    assert "such as 72h, 30d or 2w; at least 3d (72h)" in text
 
 
 @pytest.mark.parametrize(
