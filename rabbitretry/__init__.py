@@ -14,9 +14,11 @@ from rabbitretry.callbacks import (
 )
 from rabbitretry.consumer import Consumer, Context, topology_of
 from rabbitretry.delivery.worker import Worker
+from rabbitretry.downstream import Downstream
 from rabbitretry.errors import (
     ConfigurationError,
     ConnectionLost,
+    DownstreamUnavailable,
     MissingMessageId,
     Permanent,
     PublishError,
@@ -44,6 +46,8 @@ __all__ = [
     "ConnectionLost",
     "Consumer",
     "Context",
+    "Downstream",
+    "DownstreamUnavailable",
     "Exchange",
     "Expected",
     "HmacSignature",

@@ -25,6 +25,7 @@ from pydantic import TypeAdapter
 
 from rabbitretry import urls
 from rabbitretry.db import Connection
+from rabbitretry.downstream import Downstream, DownstreamCalls
 from rabbitretry.errors import ConfigurationError
 from rabbitretry.retry import RetryPolicy
 from rabbitretry.topology.model import (
@@ -77,6 +78,7 @@ class Context:
     x_death: Sequence[Mapping[str, Any]] = ()
     """The broker's dead-letter history: a hint for logs, never used to decide anything."""
     handler_transaction: HandlerTransaction | None = field(default=None, repr=False, compare=False)
+    downstream_calls: DownstreamCalls | None = field(default=None, repr=False, compare=False)
 
     def transaction(self) -> contextlib.AbstractAsyncContextManager[Connection]:
         """A connection in a transaction that commits with the ledger's success mark.
@@ -96,6 +98,24 @@ class Context:
                 "(in a unit test, use rabbitretry.testing.handle(..., connection=...))"
             )
         return self.handler_transaction.scope()
+
+    def downstream(self, name: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """A block around a call to the downstream ``name`` (one of the consumer's
+        ``downstreams``)::
+
+            async with ctx.downstream("wms"):
+                await wms_client.ship(order)
+
+        Its ``unavailable_on`` errors leave the block as
+        :class:`~rabbitretry.errors.DownstreamUnavailable` and count towards its breaker; while
+        the breaker is open the block raises that at once, without running the call.
+        """
+        if self.downstream_calls is None:
+            raise RuntimeError(
+                "this Context has no downstreams: it was not made by a worker "
+                "(in a unit test, use rabbitretry.testing.handle(...))"
+            )
+        return self.downstream_calls.call(name)
 
     @property
     def is_last_attempt(self) -> bool:
@@ -128,6 +148,9 @@ class Consumer(Generic[Payload]):
     ``expires_after``    seconds after publication (or first delivery) when a message is no
                          longer worth handling: it is finished ``skipped``, reason ``expired``
                          (None: never)
+    ``downstreams``      the :class:`~rabbitretry.downstream.Downstream` services the handler
+                         calls in ``async with ctx.downstream(name)`` blocks: while one's
+                         breaker is open, this consumer takes no deliveries and charges nothing
     ``database_url``     the PostgreSQL database of this queue's ledger (None: the worker's,
                          ``RABBITRETRY_DATABASE_URL``): queue groups can live on different
                          primaries, the key ``(queue, message_id)`` never spans two
@@ -146,6 +169,7 @@ class Consumer(Generic[Payload]):
     max_body_bytes: ClassVar[int] = 1024 * 1024
     expires_after: ClassVar[float | None] = None
     database_url: ClassVar[str | None] = None
+    downstreams: ClassVar[Sequence[Downstream]] = ()
 
     payload_adapter: ClassVar[TypeAdapter[Any]]
 
@@ -234,7 +258,18 @@ def _check(cls: type[Consumer[Any]]) -> None:
         raise ConfigurationError(f"{name}.expires_after must be a positive number of seconds")
     if cls.database_url is not None:
         urls.check_database_url(cls.database_url, f"{name}.database_url")
+    _check_downstreams(name, cls.downstreams)
     if cls.lease < 1:
         raise ConfigurationError(f"{name}.lease must be at least 1 second")
     if cls.handle is Consumer.handle:
         raise ConfigurationError(f"{name} must define `async def handle(self, msg, ctx)`")
+
+
+def _check_downstreams(name: str, downstreams: Sequence[Downstream]) -> None:
+    if isinstance(downstreams, str) or not all(isinstance(d, Downstream) for d in downstreams):
+        raise ConfigurationError(
+            f"{name}.downstreams must be a sequence of Downstream, e.g. (Downstream('wms'),)"
+        )
+    names = [d.name for d in downstreams]
+    if len(set(names)) != len(names):
+        raise ConfigurationError(f"{name}.downstreams names a downstream twice: {names}")

@@ -5,6 +5,8 @@ raised, named in parentheses (the tests check that this tree lists every subclas
 
     RabbitRetryError                  root of everything below
     ├── Retry                         raised by a handler: retry this message (optional delay)
+    │   └── DownstreamUnavailable     a service the handler calls is down: its breaker counts
+    │                                 it; while the breaker is open nothing is charged
     ├── Permanent                     raised by a handler: dead-letter now, never retry
     ├── TransactionRolledBack         a handler returned although its transaction rolled back
     ├── ConfigurationError            a consumer, policy or topology that cannot work
@@ -38,6 +40,7 @@ import math
 __all__ = [
     "ConfigurationError",
     "ConnectionLost",
+    "DownstreamUnavailable",
     "MissingMessageId",
     "Permanent",
     "PublishError",
@@ -69,6 +72,24 @@ class Retry(RabbitRetryError):
         if delay is not None and not _is_seconds(delay):
             raise ValueError(f"Retry delay must be a finite number of seconds >= 0, not {delay!r}")
         self.delay = delay
+
+
+class DownstreamUnavailable(Retry):
+    """A service the handler calls (a :class:`~rabbitretry.downstream.Downstream`) is
+    unavailable.
+
+    ``async with ctx.downstream("wms")`` raises it for the errors the downstream declares
+    (``unavailable_on``), and at once, without the call, while its breaker is open; a handler
+    may also raise it itself (``raise DownstreamUnavailable("wms", "HTTP 503")``). The failure
+    counts towards the shared breaker; once the breaker is open, the attempt is not charged and
+    the message waits on the broker until the downstream answers again.
+    """
+
+    def __init__(self, downstream: str, detail: str = "") -> None:
+        super().__init__(f"{downstream} is unavailable" + (f": {detail}" if detail else ""))
+        self.downstream = downstream
+        self.call_made = True
+        """False when the breaker refused the call (it was open): no failure to count."""
 
 
 def _is_seconds(value: object) -> bool:

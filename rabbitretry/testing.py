@@ -39,6 +39,7 @@ from rabbitretry.db import Connection, Pool
 from rabbitretry.delivery.attempt import oversize, run_attempt
 from rabbitretry.delivery.outcome import Decided
 from rabbitretry.delivery.transaction import AttemptTransaction
+from rabbitretry.downstream import Unbroken
 from rabbitretry.errors import RabbitRetryError, TransactionRolledBack
 from rabbitretry.ledger.failures import Failure, rejection
 from rabbitretry.outbox import Outbox
@@ -113,6 +114,7 @@ async def handle(
         max_attempts=max_attempts,
         redelivered=False,
         headers=dict(headers or {}),
+        downstream_calls=Unbroken(consumer_type.downstreams, consumer_type.__name__),
     )
     steps = _Attempt(
         ctx,

@@ -25,7 +25,12 @@ from typing import Any
 import aio_pika
 import aiormq
 import yarl
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    AbstractRobustConnection,
+)
 
 from rabbitretry import logs, urls
 from rabbitretry.errors import ConfigurationError, ServiceUnavailable
@@ -35,6 +40,7 @@ log = logging.getLogger("rabbitretry.amqp")
 # The names the rest of rabbitretry uses for aio-pika's types, so that only amqp/ imports it.
 IncomingMessage = AbstractIncomingMessage
 Channel = AbstractChannel
+Queue = AbstractQueue
 Connection = AbstractRobustConnection
 
 # What a channel operation raises when the channel or its connection has gone away.

@@ -19,6 +19,7 @@ Result = Literal[
     "dropped",  # a redundant copy: the ledger says the work is finished or owned elsewhere
     "parked",  # held in the delay path until its claim can succeed
     "interrupted",  # a shutdown stopped the attempt; not counted, requeued
+    "deferred",  # its downstream's breaker is open; not counted, requeued to wait there
     "requeued",  # the ledger or broker was unavailable; requeued, nothing charged
 ]
 """What became of one delivery."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -37,6 +38,7 @@ from rabbitretry.amqp import ConfirmingPublisher, IncomingMessage
 from rabbitretry.consumer import Consumer, Context
 from rabbitretry.db import Pool
 from rabbitretry.delivery.attempt import NotStarted, oversize, run_attempt
+from rabbitretry.delivery.breakers import Breakers
 from rabbitretry.delivery.copies import Copies, snapshot_of
 from rabbitretry.delivery.lease import lease_kept
 from rabbitretry.delivery.log_fields import LogFields
@@ -47,6 +49,7 @@ from rabbitretry.delivery.outcome import Outcome
 from rabbitretry.delivery.settle import settle as _settle
 from rabbitretry.delivery.transaction import AttemptTransaction
 from rabbitretry.delivery.verdicts import Verdicts
+from rabbitretry.downstream import DownstreamCalls, Unbroken
 from rabbitretry.errors import ConnectionLost, PublishError
 from rabbitretry.ledger import AttemptLedger, Claim, ClaimRequest, Key, Snapshot, missing_id_key
 from rabbitretry.ledger.failures import rejection
@@ -79,6 +82,8 @@ class Pipeline:
         *,
         ledger_gate: OutageGate | None = None,
         broker_gate: OutageGate | None = None,
+        breakers: Breakers | None = None,
+        hold_back: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.consumer = consumer
         self.pool = pool
@@ -97,27 +102,40 @@ class Pipeline:
         self._fields = LogFields(self.queue, worker_id)
         self.copies = Copies(publisher, self.queue, self.queue_type, self.dead_queue, self._fields)
         self.verdicts = Verdicts(self.ledger, self.queue, self.policy, self.copies, self._fields)
+        self.breakers = breakers
+        self.downstreams = type(consumer).downstreams
+        self.downstream_names = [d.name for d in self.downstreams]
+        self._hold_back = hold_back
+        """Stops this consumer taking deliveries (its downstream's breaker is open)."""
 
-    async def process(self, message: IncomingMessage) -> Outcome:
+    async def process(self, message: IncomingMessage, probe: str | None = None) -> Outcome:
         """Take one delivery to its outcome, and settle it: ack, or requeue. Never raises
-        (but for a shutdown's cancellation, after requeueing)."""
+        (but for a shutdown's cancellation, after requeueing). ``probe`` names the downstream
+        whose half-open breaker this delivery tries."""
         received_at = datetime.now(UTC)
         try:
             if not (await self.ledger_gate.passable() and await self.broker_gate.passable()):
                 return await self._requeue(message)
+            if not self._admitted(probe):
+                await self._held_back()
+                return await self._requeue(message)
             with tracing.delivery_span(self.queue, message) as span:
-                outcome = await self._process(message)
+                outcome = await self._process(message, probe)
                 span.outcome(outcome)
         except asyncio.CancelledError:
             await _settle(message, requeue=True)
             raise
         except Exception as error:
             return await self._unsettled(message, error)
-        if outcome.result == "requeued":
-            return self._logged(await self._requeue(message, outcome), received_at)
+        if outcome.result == "deferred":
+            await self._held_back()
+        if outcome.result in ("requeued", "deferred"):
+            return self._fields.ended(log, await self._requeue(message, outcome), received_at)
         await _settle(message, requeue=False)
-        return self._logged(
-            replace(outcome, published_at=message.timestamp, received_at=received_at), received_at
+        return self._fields.ended(
+            log,
+            replace(outcome, published_at=message.timestamp, received_at=received_at),
+            received_at,
         )
 
     async def _unsettled(self, message: IncomingMessage, error: Exception) -> Outcome:
@@ -149,6 +167,21 @@ class Pipeline:
         await self.broker_gate.passable()
         return await self._requeue(message)
 
+    def _calls(self, probe: str | None) -> DownstreamCalls:
+        consumer = type(self.consumer).__name__
+        if self.breakers is None:
+            return Unbroken(self.downstreams, consumer)
+        return self.breakers.calls(self.downstreams, consumer, probe)
+
+    def _admitted(self, probe: str | None) -> bool:
+        return self.breakers is None or self.breakers.admits(self.downstream_names, probe)
+
+    async def _held_back(self) -> None:
+        """Stop taking deliveries before one is requeued for an open breaker: it would come
+        straight back otherwise."""
+        if self._hold_back is not None:
+            await self._hold_back()
+
     async def _requeue(self, message: IncomingMessage, outcome: Outcome | None = None) -> Outcome:
         await _settle(message, requeue=True)
         return outcome or Outcome(None, "requeued")
@@ -166,7 +199,7 @@ class Pipeline:
             return await self.verdicts.reject(twin, "missing-message-id", NO_ID, snapshot)
         return outcome
 
-    async def _process(self, message: IncomingMessage) -> Outcome:
+    async def _process(self, message: IncomingMessage, probe: str | None = None) -> Outcome:
         snapshot = snapshot_of(message)
         if not message.message_id:
             return await self._without_id(message, snapshot)
@@ -215,7 +248,7 @@ class Pipeline:
         if claim.verdict == "exhausted":
             return await self._exhausted(key, claim, snapshot)
         try:
-            return await self._attempt(message, key, claim, snapshot)
+            return await self._attempt(message, key, claim, snapshot, probe)
         except NotStarted as not_started:
             return await self._not_started(message, key, not_started.cause)
         except Exception as error:
@@ -293,7 +326,12 @@ class Pipeline:
         return await self._process(message)
 
     async def _attempt(
-        self, message: IncomingMessage, key: Key, claim: Claim, snapshot: Snapshot
+        self,
+        message: IncomingMessage,
+        key: Key,
+        claim: Claim,
+        snapshot: Snapshot,
+        probe: str | None = None,
     ) -> Outcome:
         ctx = Context(
             queue=self.queue,
@@ -303,6 +341,7 @@ class Pipeline:
             redelivered=bool(message.redelivered),
             headers=dict(message.headers or {}),
             x_death=headers.x_death(message.headers),
+            downstream_calls=self._calls(probe),
         )
         born = await self._born(message, key)
         lease = type(self.consumer).lease
@@ -317,7 +356,7 @@ class Pipeline:
                 before_handler=lambda: self._mark_started(key, claim),
             )
         tracing.record_attempt(ctx.attempt, ctx.max_attempts, result)
-        outcome = await self.verdicts.record(key, claim, snapshot, result)
+        outcome = await self.verdicts.record(key, claim, snapshot, result, self.breakers)
         return replace(outcome, handler_seconds=result.handler_seconds)
 
     async def _born(self, message: IncomingMessage, key: Key) -> datetime | None:
@@ -326,27 +365,6 @@ class Pipeline:
             return message.timestamp
         row = await self.ledger.get(key)
         return row["first_seen"] if row else None
-
-    def _logged(self, outcome: Outcome, received_at: datetime) -> Outcome:
-        """The line that ends each delivery (DEBUG, ``run -v``): its outcome and duration."""
-        if not log.isEnabledFor(logging.DEBUG):
-            return outcome  # the hot path: no fields to build for a line nobody reads
-        duration = (datetime.now(UTC) - received_at).total_seconds()
-        log.debug(
-            "%s: %s (attempt %d, %.3f s)",
-            storable_text(str(outcome.key or self.queue)),
-            outcome.result,
-            outcome.attempt,
-            duration,
-            extra=self._fields(
-                outcome.key,
-                attempt=outcome.attempt or None,
-                outcome=outcome.result,
-                duration=round(duration, 6),
-                handler_duration=outcome.handler_seconds,
-            ),
-        )
-        return outcome
 
 
 def _retrieved(marked: asyncio.Future[bool]) -> None:

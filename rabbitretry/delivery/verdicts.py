@@ -10,13 +10,16 @@ already rejected is dropped.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from rabbitretry import db
 from rabbitretry.delivery.attempt import AttemptResult, failed_attempt
+from rabbitretry.delivery.breakers import Breakers
 from rabbitretry.delivery.copies import Copies
 from rabbitretry.delivery.log_fields import LogFields
 from rabbitretry.delivery.outcome import Outcome
 from rabbitretry.delivery.transaction import AttemptTransaction, CommitFailed
+from rabbitretry.errors import DownstreamUnavailable
 from rabbitretry.ledger import AttemptLedger, Claim, Key, Snapshot
 from rabbitretry.ledger.failures import Failure, message_of, rejection
 from rabbitretry.message.storable import storable_text
@@ -45,9 +48,52 @@ class Verdicts:
         self._fields = fields
 
     async def record(
+        self,
+        key: Key,
+        claim: Claim,
+        snapshot: Snapshot,
+        result: AttemptResult,
+        breakers: Breakers | None = None,
+    ) -> Outcome:
+        """Write the attempt's decision to the ledger, then publish what follows from it; a
+        failure of one of the consumer's downstreams goes by its breaker."""
+        error = result.error
+        if (
+            breakers is not None
+            and isinstance(error, DownstreamUnavailable)
+            and error.downstream in breakers.downstreams
+        ):
+            return await self._downstream_failed(key, claim, snapshot, result, error, breakers)
+        return await self._record(key, claim, snapshot, result)
+
+    async def _downstream_failed(
+        self,
+        key: Key,
+        claim: Claim,
+        snapshot: Snapshot,
+        result: AttemptResult,
+        error: DownstreamUnavailable,
+        breakers: Breakers,
+    ) -> Outcome:
+        """While the breaker is closed, the failure is a failed attempt, recorded before it is
+        counted: the trip it may cause forgives it with the others. A failure that finds the
+        breaker open (or opens it at the last attempt, or is the probe's) is deferred."""
+        name = error.downstream
+        if not error.call_made:  # refused: the breaker is open, nothing to count
+            return await self.defer(key, claim, result, name)
+        assert result.failure is not None
+        charged = replace(result, failure=replace(result.failure, downstream=name))
+        if breakers.state(name) == "closed" and result.outcome == "retrying":
+            outcome = await self._record(key, claim, snapshot, charged)
+            await breakers.count_failure(error, key, claim.attempt)
+            return outcome
+        if await breakers.count_failure(error, key, claim.attempt) == "closed":
+            return await self._record(key, claim, snapshot, charged)
+        return await self.defer(key, claim, result, name)
+
+    async def _record(
         self, key: Key, claim: Claim, snapshot: Snapshot, result: AttemptResult
     ) -> Outcome:
-        """Write the attempt's decision to the ledger, then publish what follows from it."""
         if result.outcome == "succeeded":
             return await self._succeeded(key, claim, snapshot, result)
         if result.outcome == "skipped":
@@ -62,7 +108,7 @@ class Verdicts:
             if not await self.ledger.finish(
                 key, claim.attempt, "skipped", reason=result.reason or ""
             ):
-                return await self._missed(key, claim.attempt, "skip mark")
+                return await self.missed(key, claim.attempt, "skip mark")
             return Outcome(key, "skipped", claim.attempt)
         assert result.failure is not None
         if result.outcome == "dead":
@@ -70,7 +116,7 @@ class Verdicts:
             if not await self.ledger.finish(
                 key, claim.attempt, "dead", reason=reason, failure=result.failure
             ):
-                return await self._missed(key, claim.attempt, "dead mark")
+                return await self.missed(key, claim.attempt, "dead mark")
             log.error(
                 "%s: dead (%s) after attempt %d: %s: %s",
                 key,
@@ -99,7 +145,7 @@ class Verdicts:
             what = (
                 "success mark (its transaction rolled back)" if in_transaction else "success mark"
             )
-            return await self._missed(key, claim.attempt, what)
+            return await self.missed(key, claim.attempt, what)
         return Outcome(key, "succeeded", claim.attempt)
 
     async def _commit_failed(
@@ -119,14 +165,14 @@ class Verdicts:
         result = failed_attempt(
             self.policy, self.queue, key.message_id, claim.budget_attempt, failed.error
         )
-        return await self.record(key, claim, snapshot, result)
+        return await self._record(key, claim, snapshot, result)
 
     async def _retrying(
         self, key: Key, claim: Claim, snapshot: Snapshot, delay: float, failure: Failure
     ) -> Outcome:
         wait = await self.ledger.schedule_retry(key, claim.attempt, delay, failure)
         if wait is None:
-            return await self._missed(key, claim.attempt, "retry mark")
+            return await self.missed(key, claim.attempt, "retry mark")
         log.warning(
             "%s: attempt %d failed (%s: %s), retry in %.1f s",
             key,
@@ -142,7 +188,7 @@ class Verdicts:
         await self.ledger.confirm_retry_copy(key, claim.attempt)
         return Outcome(key, "retrying", claim.attempt)
 
-    async def _missed(self, key: Key, attempt: int, what: str) -> Outcome:
+    async def missed(self, key: Key, attempt: int, what: str) -> Outcome:
         """A final write matched no row: ack only if the ledger says another owns the work.
 
         The row may have moved on (finished, or a later attempt took over after our lease ran
@@ -167,6 +213,24 @@ class Verdicts:
             extra=self._fields(key, attempt=attempt, outcome="requeued"),
         )
         return Outcome(key, "requeued", attempt)
+
+    async def defer(
+        self, key: Key, claim: Claim, result: AttemptResult, downstream: str
+    ) -> Outcome:
+        """The attempt met ``downstream`` unavailable with its breaker open: recorded, not
+        counted; the delivery goes back to the queue, where it waits for the breaker."""
+        assert result.failure is not None
+        failure = replace(result.failure, downstream=downstream)
+        if not await self.ledger.defer(key, claim.attempt, failure):
+            return await self.missed(key, claim.attempt, "deferral")
+        log.info(
+            "%s: attempt %d deferred, not counted: %s is unavailable and its breaker is open",
+            key,
+            claim.attempt,
+            downstream,
+            extra=self._fields(key, attempt=claim.attempt, outcome="deferred"),
+        )
+        return Outcome(key, "deferred", claim.attempt)
 
     async def reject(self, key: Key, reason: str, detail: str, snapshot: Snapshot) -> Outcome:
         """Dead at once, without an attempt: recorded, and its copy put on ``Q.dead``."""

@@ -24,16 +24,18 @@ from typing import Any
 from rabbitretry import amqp, db, urls
 from rabbitretry.amqp import ConfirmingPublisher, IncomingMessage
 from rabbitretry.consumer import Consumer, topology_of
+from rabbitretry.delivery.breakers import Breakers
 from rabbitretry.delivery.outage import OutageGate, broker_probe
 from rabbitretry.delivery.outcome import Outcome
 from rabbitretry.delivery.pipeline import Pipeline
+from rabbitretry.delivery.shutdown import close_connection, drain
+from rabbitretry.delivery.valves import PROBE_MARGIN, Slot, Valve, watch
 from rabbitretry.errors import ConfigurationError
 from rabbitretry.ledger import AttemptLedger, migrations
 from rabbitretry.topology import declare, verify
 
 log = logging.getLogger("rabbitretry.worker")
 
-BROKER_SHUTDOWN_TIMEOUT = 5.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -71,6 +73,7 @@ class Worker:
     """Every delivery's outcome, most recent last (bounded), for tests and the demo."""
     _connections: tuple[amqp.Connection, ...] = field(default=(), init=False)
     _channels: list[amqp.Channel] = field(default_factory=list, init=False)
+    _watcher: asyncio.Task[None] | None = field(default=None, init=False)
 
     def stop(self) -> None:
         """Ask the worker to stop; safe to call from a signal handler."""
@@ -140,11 +143,11 @@ class Worker:
             consume_conn = await amqp.connect(
                 self.amqp_url, name=f"rabbitretry-consume {self.name}"
             )
-            stack.push_async_callback(_close, consume_conn)
+            stack.push_async_callback(close_connection, consume_conn)
             publish_conn = await amqp.connect(
                 self.amqp_url, name=f"rabbitretry-publish {self.name}"
             )
-            stack.push_async_callback(_close, publish_conn)
+            stack.push_async_callback(close_connection, publish_conn)
             self._connections = (consume_conn, publish_conn)
 
             topology = topology_of(self.consumers)
@@ -170,15 +173,7 @@ class Worker:
             for gate in gates.ledgers.values():
                 stack.push_async_callback(gate.close)
             stack.push_async_callback(gates.broker.close)
-            cancel_consumers = []
-            for instance in instances:
-                database = type(instance).database_url
-                for slot in range(self.concurrency):
-                    cancel_consumers.append(
-                        await self._start_slot(
-                            instance, pools[database], consume_conn, publish_conn, slot
-                        )
-                    )
+            valves = await self._start_consumers(instances, pools, consume_conn, publish_conn)
             self.started = True
             # What exists now (modules, connections, consumers) lives as long as the worker:
             # out of the collector's sight, a full collection no longer walks it, which took
@@ -193,13 +188,15 @@ class Worker:
             )
             await self._stopping.wait()
             log.info("worker %s stopping: no new deliveries, finishing in-flight work", self.name)
-            for cancel in cancel_consumers:
+            if self._watcher is not None:
+                self._watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._watcher
+            for valve in valves:
                 if self._abandoning.is_set():
                     break
-                # Bounded: with the broker away, a cancel would wait for a reconnect.
-                with contextlib.suppress(*amqp.CHANNEL_ERRORS):
-                    await asyncio.wait_for(cancel(), BROKER_SHUTDOWN_TIMEOUT)
-            await self._drain()
+                await valve.close()  # bounded: with the broker away, a cancel would wait
+            await drain(self._inflight, self.shutdown_timeout, self._abandoning)
             log.info("worker %s stopped", self.name)
 
     async def _ledger_pools(self, stack: contextlib.AsyncExitStack) -> dict[str | None, db.Pool]:
@@ -220,6 +217,56 @@ class Worker:
             pools[database] = pool
         return pools
 
+    async def _start_consumers(
+        self,
+        instances: Sequence[Consumer[Any]],
+        pools: dict[str | None, db.Pool],
+        consume_conn: amqp.Connection,
+        publish_conn: amqp.Connection,
+    ) -> list[Valve]:
+        """Every consumer's slots, consuming unless a downstream it calls is unavailable; and
+        the watcher that pauses and resumes them as the downstreams' breakers say."""
+        breakers = {
+            database: Breakers(
+                pool,
+                self.name,
+                [
+                    d
+                    for i in instances
+                    if type(i).database_url == database
+                    for d in type(i).downstreams
+                ],
+            )
+            for database, pool in pools.items()
+        }
+        valves = []
+        for instance in instances:
+            consumer_type = type(instance)
+            view = breakers[consumer_type.database_url]
+            valve = Valve(
+                consumer_type.queue,
+                [d.name for d in consumer_type.downstreams],
+                view,
+                probe_hold=consumer_type.timeout + PROBE_MARGIN,
+            )
+            for slot in range(self.concurrency):
+                await self._start_slot(
+                    instance,
+                    pools[consumer_type.database_url],
+                    consume_conn,
+                    publish_conn,
+                    slot,
+                    valve,
+                )
+            valves.append(valve)
+        for view in breakers.values():
+            await view.refresh()
+        for valve in valves:
+            await valve.settle()
+        if any(view.downstreams for view in breakers.values()):
+            self._watcher = asyncio.create_task(watch(valves))
+        return valves
+
     async def _start_slot(
         self,
         consumer: Consumer[Any],
@@ -227,7 +274,8 @@ class Worker:
         consume_conn: amqp.Connection,
         publish_conn: amqp.Connection,
         slot: int,
-    ) -> Any:
+        valve: Valve,
+    ) -> None:
         channel = await consume_conn.channel()
         self._channels.append(channel)
         await channel.set_qos(prefetch_count=1)
@@ -243,11 +291,13 @@ class Worker:
             f"{self.name}:{slot}",
             ledger_gate=self._gates.ledgers[type(consumer).database_url],
             broker_gate=self._gates.broker,
+            breakers=valve.breakers,
+            hold_back=valve.close,
         )
 
-        async def attempt(message: IncomingMessage) -> None:
+        async def attempt(message: IncomingMessage, probe: str | None = None) -> None:
             try:
-                outcome = await pipeline.process(message)
+                outcome = await pipeline.process(message, probe)
                 self.outcomes.append(outcome)
                 del self.outcomes[:-10_000]
                 if self.on_outcome is not None:
@@ -255,22 +305,19 @@ class Worker:
             except Exception:
                 log.exception("unexpected error processing a delivery; the broker redelivers it")
 
-        async def on_message(message: IncomingMessage) -> None:
+        async def on_message(message: IncomingMessage, probe: str | None = None) -> None:
             # aiormq cancels its callback tasks when the channel closes (a connection blip);
             # the attempt runs in a task of the worker's own so that a blip cannot cut a
             # handler short. Its ack then fails, the broker redelivers, the ledger drops it.
-            task = asyncio.create_task(attempt(message))
+            task = asyncio.create_task(attempt(message, probe))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(task)
 
-        tag = await queue.consume(on_message)
-
-        async def cancel() -> None:
-            await queue.cancel(tag)
-
-        return cancel
+        valve.slots.append(Slot(queue, on_message))
+        if valve.run_probe is None:
+            valve.run_probe = on_message
 
     @property
     def consuming_node(self) -> str | None:
@@ -302,43 +349,6 @@ class Worker:
         elif any(channel.is_closed for channel in self._channels):
             consumers = "a consumer's channel is closed"
         return Health({"broker": broker, "ledger": ledger, "consumers": consumers})
-
-    async def _drain(self) -> None:
-        if not self._inflight:
-            return
-        pending = set(self._inflight)
-        if not self._abandoning.is_set():
-            log.info(
-                "waiting up to %.0f s for %d in-flight attempt(s)",
-                self.shutdown_timeout,
-                len(pending),
-            )
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.shutdown_timeout
-        abandon = asyncio.ensure_future(self._abandoning.wait())
-        try:
-            # Until every attempt is done, the timeout passes, or abandon() is called.
-            while (running := {t for t in pending if not t.done()}) and not abandon.done():
-                left = deadline - loop.time()
-                if left <= 0:
-                    break
-                await asyncio.wait(
-                    {*running, abandon}, timeout=left, return_when=asyncio.FIRST_COMPLETED
-                )
-        finally:
-            abandon.cancel()
-        still_running = {t for t in pending if not t.done()}
-        if still_running and not self._abandoning.is_set():
-            log.warning(
-                "%d in-flight attempt(s) still running after %.0f s: interrupting them, their "
-                "deliveries requeued",
-                len(still_running),
-                self.shutdown_timeout,
-            )
-        for task in still_running:
-            task.cancel()
-        if still_running:
-            await asyncio.wait(still_running, timeout=10)
 
 
 @dataclass(frozen=True)
@@ -373,8 +383,3 @@ async def _check_migrated(database: str | None, pool: db.Pool) -> None:
             f"the ledger schema{where} is not up to date ({', '.join(pending)} pending): "
             "run `rabbitretry db migrate`"
         )
-
-
-async def _close(connection: amqp.Connection) -> None:
-    with contextlib.suppress(*amqp.CHANNEL_ERRORS):
-        await asyncio.wait_for(connection.close(), BROKER_SHUTDOWN_TIMEOUT)

@@ -100,6 +100,11 @@ class AttemptLedger:
         async with answering(self.pool) as conn:
             return await statements.interrupt(conn, key, attempt)
 
+    async def defer(self, key: Key, attempt: int, failure: Failure) -> bool:
+        """``attempt`` met its downstream's breaker open: not counted, due again at once."""
+        async with answering(self.pool) as conn:
+            return await statements.defer(conn, key, attempt, failure)
+
     async def record_rejected(
         self,
         key: Key,

@@ -30,6 +30,8 @@ class Failure:
     message: str
     traceback: str
     fingerprint: str
+    downstream: str | None = None
+    """The downstream whose unavailability failed the attempt (``DownstreamUnavailable``)."""
 
 
 def _bounded(text: str, limit: int) -> str:

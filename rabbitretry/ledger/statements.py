@@ -174,6 +174,7 @@ async def schedule_retry(
         failure.message,
         failure.traceback,
         failure.fingerprint,
+        failure.downstream,
     )
     return wait
 
@@ -185,6 +186,25 @@ async def confirm_retry_copy(executor: Executor, key: Key, attempt: int) -> None
 async def interrupt(executor: Executor, key: Key, attempt: int) -> bool:
     return (
         await executor.fetchval(query("interrupt_attempt"), key.queue, key.message_id, attempt)
+        is not None
+    )
+
+
+async def defer(executor: Executor, key: Key, attempt: int, failure: Failure) -> bool:
+    """``attempt`` met its downstream (``failure.downstream``) unavailable: not counted, due
+    again at once. False if the attempt was no longer ours."""
+    return (
+        await executor.fetchval(
+            query("defer_attempt"),
+            key.queue,
+            key.message_id,
+            attempt,
+            failure.downstream,
+            failure.type,
+            failure.message,
+            failure.traceback,
+            failure.fingerprint,
+        )
         is not None
     )
 

@@ -1,5 +1,5 @@
 -- The ledger database of rabbitretry, whole: every table, index, constraint, function and
--- trigger of the schema `rabbitretry` as the migrations 0001 to 0010 leave it, in one file to
+-- trigger of the schema `rabbitretry` as the migrations 0001 to 0011 leave it, in one file to
 -- read (what is stored, and why) and to build an empty database from in one step:
 --
 --     psql --single-transaction -f rabbitretry/sql/schema.sql "$RABBITRETRY_DATABASE_URL"
@@ -82,8 +82,10 @@ CREATE TABLE rabbitretry.attempt (
     attempt         integer     NOT NULL CHECK (attempt >= 1),
     started_at      timestamptz NOT NULL DEFAULT now(),
     finished_at     timestamptz,
+    -- deferred: its downstream's breaker was open; kept in the history, not counted
     outcome         text CHECK (outcome IN
-                        ('succeeded', 'retry', 'dead', 'crashed', 'interrupted', 'skipped')),
+                        ('succeeded', 'retry', 'dead', 'crashed', 'interrupted', 'skipped',
+                         'deferred')),
     error_type      text,
     error_message   text,
     error_traceback text,
@@ -92,6 +94,8 @@ CREATE TABLE rabbitretry.attempt (
     -- Set just before the handler runs: a lapsed attempt without it never ran, and is not
     -- counted (the claim function).
     handler_started_at timestamptz,
+    -- The downstream whose unavailability failed the attempt (DownstreamUnavailable).
+    downstream      text,
     PRIMARY KEY (queue, message_id, attempt),
     FOREIGN KEY (queue, message_id) REFERENCES rabbitretry.ledger (queue, message_id)
         ON DELETE CASCADE
@@ -354,7 +358,8 @@ CREATE TABLE rabbitretry.job_checkpoint (
 -- sent     the webhook accepted it
 CREATE TABLE rabbitretry.alert (
     id             bigserial   PRIMARY KEY,
-    kind           text        NOT NULL CHECK (kind IN ('dead', 'heartbeat', 'backlog')),
+    kind           text        NOT NULL CHECK (kind IN ('dead', 'heartbeat', 'backlog',
+                                                        'downstream')),
     group_key      text        NOT NULL,  -- error fingerprint, heartbeat name or queue
     queue          text,
     error_type     text,
@@ -485,10 +490,170 @@ CREATE FUNCTION rabbitretry.console_after(
 $$;
 
 
+-- Downstream breakers ----------------------------------------------------------------------
+
+-- Downstream breakers: one row per service a handler calls, shared by every worker of the
+-- ledger database, so that ten workers see one state and an outage trips the breaker once.
+--
+-- closed     calls go through; `failures` counts the failures since the last success, within
+--            `failure_window` seconds of the first of them
+-- open       no calls: consumers that depend on it stop taking deliveries; a probe is due at
+--            `next_probe_at`, after `pause_seconds` (doubled on each failed probe, capped)
+-- half-open  one worker (`probe_worker`, until `probe_until`) is trying one delivery
+--
+-- An operator may hold it open (`forced` = 'open') until they close it.
+CREATE TABLE rabbitretry.downstream (
+    name            text        PRIMARY KEY,
+    state           text        NOT NULL DEFAULT 'closed'
+                                CHECK (state IN ('closed', 'open', 'half-open')),
+    since           timestamptz NOT NULL DEFAULT now(),  -- closed since, or unavailable since
+    failures        integer     NOT NULL DEFAULT 0 CHECK (failures >= 0),
+    first_failure_at timestamptz,
+    last_error      text,
+    pause_seconds   double precision NOT NULL DEFAULT 0,
+    next_probe_at   timestamptz,
+    probe_worker    text,
+    probe_until     timestamptz,
+    probes          integer     NOT NULL DEFAULT 0,  -- probes that failed in this outage
+    opened          integer     NOT NULL DEFAULT 0,  -- how many times it has opened
+    forced          text        CHECK (forced IN ('open')),
+    forced_by       text,
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT downstream_probe_check CHECK (state <> 'half-open' OR probe_worker IS NOT NULL)
+);
+
+-- The attempts a trip forgives: charged failures of one downstream, by when they ended.
+CREATE INDEX attempt_downstream_idx ON rabbitretry.attempt (downstream, finished_at)
+    WHERE downstream IS NOT NULL AND outcome = 'retry';
+
+-- A call to downstream `p_name` failed, in attempt `p_attempt` of (`p_queue`,
+-- `p_message_id`) (recorded first, if it was charged). Counted while closed; the failure that
+-- makes `p_threshold` within `p_window` seconds opens it, and forgives the attempts this
+-- downstream's failures charged in the last `p_window` seconds (outcome retry -> deferred,
+-- attempts_forgiven + 1): an outage costs no attempt. A failure met while it is not closed forgives its own attempt. A failure of the
+-- worker holding the probe reopens it with a doubled pause.
+CREATE FUNCTION rabbitretry.downstream_failed(
+    p_name text, p_worker text, p_threshold integer, p_window double precision,
+    p_first_pause double precision, p_max_pause double precision, p_error text,
+    p_queue text, p_message_id text, p_attempt integer
+) RETURNS TABLE (state text, failures integer, opened boolean, forgiven integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    d rabbitretry.downstream;
+    n integer := 0;
+BEGIN
+    INSERT INTO rabbitretry.downstream (name) VALUES (p_name) ON CONFLICT DO NOTHING;
+    SELECT * INTO d FROM rabbitretry.downstream x WHERE x.name = p_name FOR UPDATE;
+    IF d.state <> 'closed' THEN
+        WITH forgiven AS (
+            UPDATE rabbitretry.attempt a SET outcome = 'deferred'
+            WHERE a.queue = p_queue AND a.message_id = p_message_id AND a.attempt = p_attempt
+              AND a.downstream = p_name AND a.outcome = 'retry'
+            RETURNING a.queue, a.message_id
+        )
+        UPDATE rabbitretry.ledger l SET attempts_forgiven = l.attempts_forgiven + 1
+        FROM forgiven f WHERE l.queue = f.queue AND l.message_id = f.message_id;
+    END IF;
+    IF d.state = 'half-open' AND d.probe_worker = p_worker THEN
+        UPDATE rabbitretry.downstream x
+        SET state = 'open', pause_seconds = least(greatest(x.pause_seconds, p_first_pause) * 2,
+                                                  p_max_pause),
+            next_probe_at = clock_timestamp() + make_interval(secs => least(
+                greatest(x.pause_seconds, p_first_pause) * 2, p_max_pause)),
+            probe_worker = NULL, probe_until = NULL, probes = x.probes + 1,
+            last_error = p_error, updated_at = now()
+        WHERE x.name = p_name;
+        RETURN QUERY SELECT 'open'::text, d.failures, false, 0;
+        RETURN;
+    END IF;
+    IF d.state <> 'closed' THEN
+        RETURN QUERY SELECT d.state, d.failures, false, 0;
+        RETURN;
+    END IF;
+    IF d.first_failure_at IS NULL
+       OR d.first_failure_at < clock_timestamp() - make_interval(secs => p_window) THEN
+        d.failures := 1;
+        d.first_failure_at := clock_timestamp();
+    ELSE
+        d.failures := d.failures + 1;
+    END IF;
+    IF d.failures < p_threshold THEN
+        UPDATE rabbitretry.downstream x
+        SET failures = d.failures, first_failure_at = d.first_failure_at, last_error = p_error,
+            updated_at = now()
+        WHERE x.name = p_name;
+        RETURN QUERY SELECT 'closed'::text, d.failures, false, 0;
+        RETURN;
+    END IF;
+    UPDATE rabbitretry.downstream x
+    SET state = 'open', since = clock_timestamp(), failures = d.failures,
+        first_failure_at = d.first_failure_at, last_error = p_error,
+        pause_seconds = p_first_pause,
+        next_probe_at = clock_timestamp() + make_interval(secs => p_first_pause),
+        probes = 0, opened = x.opened + 1, updated_at = now()
+    WHERE x.name = p_name;
+    WITH forgiven AS (
+        UPDATE rabbitretry.attempt a SET outcome = 'deferred'
+        WHERE a.downstream = p_name AND a.outcome = 'retry'
+          AND a.finished_at >= clock_timestamp() - make_interval(secs => p_window)
+        RETURNING a.queue, a.message_id
+    ), per_key AS (
+        SELECT f.queue, f.message_id, count(*)::int AS n FROM forgiven f
+        GROUP BY f.queue, f.message_id
+    ), counted AS (
+        UPDATE rabbitretry.ledger l SET attempts_forgiven = l.attempts_forgiven + k.n
+        FROM per_key k WHERE l.queue = k.queue AND l.message_id = k.message_id
+        RETURNING k.n
+    )
+    SELECT coalesce(sum(c.n), 0)::int INTO n FROM counted c;
+    INSERT INTO rabbitretry.alert (kind, group_key, error_type, error_message, count, detail)
+    VALUES ('downstream', p_name, 'DownstreamUnavailable', left(p_error, 500), d.failures,
+            jsonb_build_object('state', 'open', 'since', clock_timestamp(),
+                               'forgiven', n));
+    RETURN QUERY SELECT 'open'::text, d.failures, true, n;
+END;
+$$;
+
+-- A call to downstream `p_name` succeeded: the failure count starts again; the probe's
+-- success closes the breaker (and raises the "recovered" alert). Returns the state after.
+CREATE FUNCTION rabbitretry.downstream_succeeded(p_name text, p_worker text)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    d rabbitretry.downstream;
+BEGIN
+    SELECT * INTO d FROM rabbitretry.downstream x WHERE x.name = p_name FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'closed';
+    END IF;
+    IF d.state = 'closed' THEN
+        UPDATE rabbitretry.downstream x
+        SET failures = 0, first_failure_at = NULL, updated_at = now()
+        WHERE x.name = p_name AND x.failures > 0;
+        RETURN 'closed';
+    END IF;
+    IF d.state = 'open' OR d.probe_worker IS DISTINCT FROM p_worker THEN
+        RETURN d.state;
+    END IF;
+    UPDATE rabbitretry.downstream x
+    SET state = 'closed', since = clock_timestamp(), failures = 0, first_failure_at = NULL,
+        pause_seconds = 0, next_probe_at = NULL, probe_worker = NULL, probe_until = NULL,
+        updated_at = now()
+    WHERE x.name = p_name;
+    INSERT INTO rabbitretry.alert (kind, group_key, error_type, error_message, detail)
+    VALUES ('downstream', p_name, 'DownstreamRecovered',
+            p_name || ' answers again after ' || d.probes || ' failed probe(s)',
+            jsonb_build_object('state', 'closed', 'since', clock_timestamp(),
+                               'down_since', d.since, 'probes', d.probes));
+    RETURN 'closed';
+END;
+$$;
+
+
 -- Migrations ---------------------------------------------------------------------------------
 
 -- The migrations applied (rabbitretry.db.migrate writes a row per migration); these rows say
--- that this schema stands for migrations 0001 to 0010.
+-- that this schema stands for migrations 0001 to 0011.
 CREATE TABLE rabbitretry.schema_migration (
     version     integer     PRIMARY KEY,
     name        text        NOT NULL,
@@ -504,4 +669,5 @@ INSERT INTO rabbitretry.schema_migration (version, name) VALUES
     (7, 'callbacks'),
     (8, 'console'),
     (9, 'claim_lease'),
-    (10, 'handler_started');
+    (10, 'handler_started'),
+    (11, 'downstreams');

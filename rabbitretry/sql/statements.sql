@@ -42,7 +42,8 @@ WHERE a.queue = f.queue AND a.message_id = f.message_id AND a.attempt = f.attemp
 RETURNING 1;
 
 -- name: schedule_retry
--- Attempt $3 failed and will be retried after $4 seconds.
+-- Attempt $3 failed and will be retried after $4 seconds ($9: the downstream whose failure it
+-- was, if any: the attempt is forgiven if its breaker counts the failure as part of an outage).
 WITH retrying AS (
     UPDATE rabbitretry.ledger
     SET status = 'retrying', next_retry_at = now() + make_interval(secs => $4),
@@ -53,7 +54,7 @@ WITH retrying AS (
 ), logged AS (
     UPDATE rabbitretry.attempt a
     SET finished_at = now(), outcome = 'retry', error_type = $5, error_message = $6,
-        error_traceback = $7, retry_at = r.next_retry_at
+        error_traceback = $7, retry_at = r.next_retry_at, downstream = $9
     FROM retrying r
     WHERE a.queue = r.queue AND a.message_id = r.message_id AND a.attempt = r.attempts
 )
@@ -77,6 +78,24 @@ UPDATE rabbitretry.attempt a
 SET finished_at = now(), outcome = 'interrupted', error_type = 'Interrupted',
     error_message = 'the worker shut down during the attempt; it is not counted'
 FROM requeued r
+WHERE a.queue = r.queue AND a.message_id = r.message_id AND a.attempt = r.attempts
+RETURNING 1;
+
+-- name: defer_attempt
+-- Attempt $3 met downstream $4 unavailable (its breaker is open): it does not count, and the
+-- message is due again at once; its delivery goes back to the queue and waits there.
+WITH deferred AS (
+    UPDATE rabbitretry.ledger
+    SET status = 'retrying', next_retry_at = now(), retry_copy_confirmed = false,
+        lease_until = NULL, attempts_forgiven = attempts_forgiven + 1, updated_at = now(),
+        error_type = $5, error_message = $6, error_traceback = $7, error_fingerprint = $8
+    WHERE queue = $1 AND message_id = $2 AND attempts = $3 AND status = 'processing'
+    RETURNING queue, message_id, attempts
+)
+UPDATE rabbitretry.attempt a
+SET finished_at = now(), outcome = 'deferred', downstream = $4, error_type = $5,
+    error_message = $6, error_traceback = $7
+FROM deferred r
 WHERE a.queue = r.queue AND a.message_id = r.message_id AND a.attempt = r.attempts
 RETURNING 1;
 

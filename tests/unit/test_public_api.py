@@ -23,6 +23,8 @@ EXPECTED = [
     "ConnectionLost",
     "Consumer",
     "Context",
+    "Downstream",
+    "DownstreamUnavailable",
     "Exchange",
     "Expected",
     "HmacSignature",

@@ -1,0 +1,163 @@
+"""The worker's side of the downstream breakers: its view of their shared state, and the
+blocks a handler runs its calls in (``ctx.downstream(name)``).
+
+The state lives in the ledger database (:mod:`rabbitretry.ledger.downstreams`), so every
+worker sees one breaker. A worker refreshes its view every :data:`POLL` seconds, and at once
+from the answer of each failure it counts. A call costs no database work while its breaker is
+closed and healthy: only a failure is written (by the pipeline, once per attempt, after the
+attempt's verdict), and the first success after failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from rabbitretry.db import Pool, answering
+from rabbitretry.downstream import Downstream, attributed, declared
+from rabbitretry.errors import DownstreamUnavailable
+from rabbitretry.ledger import Key
+from rabbitretry.ledger import downstreams as rows
+from rabbitretry.ledger.downstreams import State, View
+
+log = logging.getLogger("rabbitretry.worker")
+
+POLL = 1.0  # seconds between two refreshes of a worker's view of the shared state
+
+
+class Breakers:
+    """One worker's view of the breakers of the downstreams its consumers declare, in one
+    ledger database."""
+
+    def __init__(self, pool: Pool, worker: str, downstreams: Sequence[Downstream]) -> None:
+        self.pool = pool
+        self.worker = worker
+        self.downstreams = {d.name: d for d in downstreams}
+        self._views: dict[str, View] = {}
+        self.changed = asyncio.Event()
+        """Set when a breaker's state changes in this view (the watcher clears it)."""
+
+    def state(self, name: str) -> State:
+        view = self._views.get(name)
+        return "closed" if view is None else view.state
+
+    def view(self, name: str) -> View | None:
+        return self._views.get(name)
+
+    def admits(self, names: Sequence[str], probe: str | None = None) -> bool:
+        """Whether a delivery that may call ``names`` may be taken (the probe's downstream
+        counts as closed for its probe)."""
+        return all(name == probe or self.state(name) == "closed" for name in names)
+
+    async def refresh(self) -> None:
+        """Read the shared state of every downstream this worker calls."""
+        if not self.downstreams:
+            return
+        async with answering(self.pool) as conn:
+            views = await rows.views(conn, list(self.downstreams))
+        for name in self.downstreams:
+            self._see(name, views.get(name))
+
+    def _see(self, name: str, view: View | None) -> None:
+        before = self.state(name)
+        if view is None:
+            self._views.pop(name, None)
+        else:
+            self._views[name] = view
+        if self.state(name) != before:
+            self.changed.set()
+            if self.state(name) == "closed":
+                log.warning("downstream %s answers again: its breaker is closed", name)
+
+    def calls(
+        self, downstreams: Sequence[Downstream], consumer: str, probe: str | None = None
+    ) -> BreakerCalls:
+        return BreakerCalls(self, downstreams, consumer, probe)
+
+    async def count_failure(self, error: DownstreamUnavailable, key: Key, attempt: int) -> State:
+        """Count a failure of ``error.downstream`` met by ``attempt`` of ``key``; the breaker's
+        state after it. A ledger that cannot be reached leaves the view as it was: the
+        attempt's own write meets the same outage."""
+        downstream = self.downstreams[error.downstream]
+        try:
+            async with answering(self.pool) as conn:
+                failed = await rows.failed(
+                    conn, downstream, self.worker, str(error)[:500], key, attempt
+                )
+        except Exception as write_error:
+            log.warning("downstream %s: its failure was not counted: %r", error, write_error)
+            return self.state(downstream.name)
+        view = self._views.get(downstream.name)
+        self._see(
+            downstream.name,
+            View(failed.state, failed.failures, None, view.probe_due if view else False),
+        )
+        if failed.opened:
+            log.error(
+                "downstream %s is unavailable (%d failures, the last: %s): its breaker is open; "
+                "its consumers pause, %d charged attempt(s) forgiven",
+                downstream.name,
+                failed.failures,
+                error,
+                failed.forgiven,
+            )
+        return failed.state
+
+    async def count_success(self, name: str) -> None:
+        """A call succeeded: written only when it matters (failures to forget, or the probe
+        that closes the breaker)."""
+        view = self._views.get(name)
+        if view is None or (view.state == "closed" and view.failures == 0):
+            return
+        try:
+            async with answering(self.pool) as conn:
+                state = await rows.succeeded(conn, name, self.worker)
+        except Exception as write_error:
+            log.warning("downstream %s: a success was not recorded: %r", name, write_error)
+            return
+        self._see(name, View(state, 0, None, False))
+
+    async def take_probe(self, name: str, hold: float) -> bool:
+        async with answering(self.pool) as conn:
+            taken = await rows.take_probe(conn, name, self.worker, hold)
+        if taken:
+            self._see(name, View("half-open", 0, self.worker, False))
+            log.info("downstream %s: probing with one delivery", name)
+        return taken
+
+    async def return_probe(self, name: str) -> None:
+        """The probe tried nothing: the breaker is open again, the next probe due soon."""
+        if self.state(name) != "half-open":
+            return
+        async with answering(self.pool) as conn:
+            await rows.return_probe(conn, name, self.worker, self.downstreams[name].first_pause)
+        self._see(name, View("open", 0, None, False))
+
+
+@dataclass(frozen=True)
+class BreakerCalls:
+    """The blocks of one delivery's handler (``ctx.downstream(name)``)."""
+
+    breakers: Breakers
+    downstreams: Sequence[Downstream]
+    consumer: str
+    probe: str | None = None
+    """The downstream this delivery probes, if it is a probe."""
+
+    def call(self, name: str) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._call(declared(self.downstreams, name, self.consumer))
+
+    @contextlib.asynccontextmanager
+    async def _call(self, downstream: Downstream) -> AsyncIterator[None]:
+        name = downstream.name
+        state = self.breakers.state(name)
+        if state != "closed" and name != self.probe:
+            refused = DownstreamUnavailable(name, f"its breaker is {state}; the call was not made")
+            refused.call_made = False
+            raise refused
+        async with attributed(downstream):
+            yield
+        await self.breakers.count_success(name)

@@ -1,0 +1,61 @@
+-- Downstream breakers (rabbitretry.downstream): what workers read and write around their
+-- handlers' calls, and what an operator does. The transitions that count failures and close
+-- a breaker are the functions rabbitretry.downstream_failed and downstream_succeeded.
+
+-- name: downstream_failed
+SELECT * FROM rabbitretry.downstream_failed($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
+
+-- name: downstream_succeeded
+SELECT rabbitretry.downstream_succeeded($1, $2);
+
+-- name: downstream_states
+-- A worker's view of the downstreams its consumers call ($1), refreshed every second.
+SELECT name, state, failures, probe_worker,
+       state = 'open' AND forced IS NULL AND next_probe_at <= now() AS probe_due
+FROM rabbitretry.downstream WHERE name = ANY($1::text[]);
+
+-- name: downstream_take_probe
+-- Worker $2 tries one delivery: the breaker is open and its probe is due (or the last probe's
+-- worker let its hold of $3 seconds run out). One worker at a time wins it.
+UPDATE rabbitretry.downstream
+SET state = 'half-open', probe_worker = $2,
+    probe_until = clock_timestamp() + make_interval(secs => $3), updated_at = now()
+WHERE name = $1 AND forced IS NULL
+  AND ((state = 'open' AND next_probe_at <= clock_timestamp())
+       OR (state = 'half-open' AND probe_until < clock_timestamp()))
+RETURNING 1;
+
+-- name: downstream_return_probe
+-- Worker $2's probe came to nothing (no delivery waited, or the delivery never called the
+-- downstream): open again, the next probe due in $3 seconds, the pause unchanged.
+UPDATE rabbitretry.downstream
+SET state = 'open', probe_worker = NULL, probe_until = NULL,
+    next_probe_at = clock_timestamp() + make_interval(secs => $3), updated_at = now()
+WHERE name = $1 AND state = 'half-open' AND probe_worker = $2
+RETURNING 1;
+
+-- name: downstream_list
+SELECT name, state, since, failures, last_error, pause_seconds, next_probe_at, probe_worker,
+       probes, opened, forced, forced_by, updated_at
+FROM rabbitretry.downstream ORDER BY name;
+
+-- name: downstream_force_open
+-- An operator holds downstream $1 open (no probes) until they close it; $2 says who.
+INSERT INTO rabbitretry.downstream AS d (name, state, forced, forced_by)
+VALUES ($1, 'open', 'open', $2)
+ON CONFLICT (name) DO UPDATE
+SET state = 'open', forced = 'open', forced_by = $2,
+    since = CASE WHEN d.state = 'closed' THEN now() ELSE d.since END,
+    next_probe_at = NULL, probe_worker = NULL, probe_until = NULL, updated_at = now()
+RETURNING (xmax = 0) AS created;
+
+-- name: downstream_force_close
+-- An operator closes downstream $1 ($2 says who): calls go through again, failures count
+-- from zero, and the breaker trips again by itself if they cross the threshold.
+UPDATE rabbitretry.downstream d
+SET state = 'closed', forced = NULL, forced_by = $2, failures = 0, first_failure_at = NULL,
+    since = CASE WHEN d.state = 'closed' THEN d.since ELSE now() END,
+    pause_seconds = 0, next_probe_at = NULL, probe_worker = NULL, probe_until = NULL,
+    updated_at = now()
+WHERE name = $1
+RETURNING 1;
