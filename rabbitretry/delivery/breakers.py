@@ -52,6 +52,12 @@ class Breakers:
         counts as closed for its probe)."""
         return all(name == probe or self.state(name) == "closed" for name in names)
 
+    async def declare(self, names: Sequence[str], queue: str) -> None:
+        """Record, for operators and alerts, that ``queue``'s handlers call ``names``."""
+        if names:
+            async with answering(self.pool) as conn:
+                await rows.declare(conn, names, queue)
+
     async def refresh(self) -> None:
         """Read the shared state of every downstream this worker calls."""
         if not self.downstreams:

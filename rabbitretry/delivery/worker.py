@@ -258,6 +258,7 @@ class Worker:
                     slot,
                     valve,
                 )
+            await view.declare(valve.downstreams, valve.queue)
             valves.append(valve)
         for view in breakers.values():
             await view.refresh()

@@ -69,6 +69,11 @@ async def succeeded(executor: Executor, name: str, worker: str) -> State:
     return state
 
 
+async def declare(executor: Executor, names: Sequence[str], queue: str) -> None:
+    """Record that the handlers of ``queue`` call the downstreams ``names``."""
+    await executor.execute(query("downstream_declare"), list(names), queue)
+
+
 async def views(executor: Executor, names: Sequence[str]) -> dict[str, View]:
     """The breakers of ``names`` that have a row (a downstream without one is closed)."""
     rows = await executor.fetch(query("downstream_states"), list(names))

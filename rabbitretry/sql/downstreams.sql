@@ -59,3 +59,12 @@ SET state = 'closed', forced = NULL, forced_by = $2, failures = 0, first_failure
     updated_at = now()
 WHERE name = $1
 RETURNING 1;
+
+-- name: downstream_declare
+-- A worker starts: the downstreams $1 are called by the handlers of work queue $2 (what the
+-- operator's listing and the alerts say is waiting on an open breaker).
+INSERT INTO rabbitretry.downstream AS d (name, queues)
+SELECT name, ARRAY[$2::text] FROM unnest($1::text[]) AS name
+ON CONFLICT (name) DO UPDATE
+SET queues = d.queues || $2::text
+WHERE NOT $2::text = ANY (d.queues);

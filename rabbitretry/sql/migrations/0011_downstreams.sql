@@ -24,6 +24,7 @@ CREATE TABLE rabbitretry.downstream (
     opened          integer     NOT NULL DEFAULT 0,  -- how many times it has opened
     forced          text        CHECK (forced IN ('open')),
     forced_by       text,
+    queues          text[]      NOT NULL DEFAULT '{}',  -- the work queues whose handlers call it
     updated_at      timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT downstream_probe_check CHECK (state <> 'half-open' OR probe_worker IS NOT NULL)
 );
