@@ -35,7 +35,7 @@ from bench.services import (
     random_name,
     wait_until,
 )
-from rabbitretry import Worker, amqp, topology_of
+from rabbitretry import Downstream, Worker, amqp, topology_of
 from rabbitretry.consumer import Consumer, Context
 from rabbitretry.topology import declare
 
@@ -175,8 +175,13 @@ async def run_naive(database_url: str, concurrency: int, messages: int, warmup: 
 
 
 def noop_consumer(
-    queue_name: str, clock: Clock | None = None, queue_type: str = "classic"
+    queue_name: str,
+    clock: Clock | None = None,
+    queue_type: str = "classic",
+    downstream: bool = False,
 ) -> type[Consumer[Any]]:
+    """A consumer that does nothing (but tick ``clock``); with ``downstream``, it does so in a
+    ``ctx.downstream`` block of a declared downstream (what a closed breaker costs)."""
     queue_kind = queue_type
 
     class BenchNoop(Consumer[dict[str, Any]]):
@@ -187,18 +192,25 @@ def noop_consumer(
             if clock is not None:
                 clock.tick()
 
-    return BenchNoop
+    class BenchDownstream(BenchNoop):
+        downstreams = (Downstream("bench-downstream"),)
+
+        async def handle(self, msg: dict[str, Any], ctx: Context) -> None:
+            async with ctx.downstream("bench-downstream"):
+                await super().handle(msg, ctx)
+
+    return BenchDownstream if downstream else BenchNoop
 
 
 @contextlib.asynccontextmanager
 async def prefilled_worker(
-    database_url: str, concurrency: int, clock: Clock, prefix: str
+    database_url: str, concurrency: int, clock: Clock, prefix: str, downstream: bool = False
 ) -> AsyncIterator[tuple[str, asyncio.Task[None]]]:
     """A real ``Worker`` with a no-op consumer (ticking ``clock``) over a queue of its own,
     prefilled with ``clock.total`` messages: (the queue, the worker's task). The worker is
     stopped and the queue deleted on the way out."""
     queue = random_name(prefix)
-    consumer = noop_consumer(queue, clock)
+    consumer = noop_consumer(queue, clock, downstream=downstream)
     topology = topology_of([consumer])
     connection = await amqp.connect(AMQP_URL, name="rabbitretry-bench")
     try:
@@ -224,7 +236,7 @@ async def prefilled_worker(
 
 
 async def run_rabbitretry(
-    database_url: str, concurrency: int, messages: int, warmup: int
+    database_url: str, concurrency: int, messages: int, warmup: int, downstream: bool = False
 ) -> RunResult:
     clock = Clock(warmup, messages)
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
@@ -235,7 +247,7 @@ async def run_rabbitretry(
             database_costs(
                 database_url, RABBITRETRY_TABLES, lambda: clock.total, lambda: polls
             ) as costs,
-            prefilled_worker(database_url, concurrency, clock, "rr") as (queue, task),
+            prefilled_worker(database_url, concurrency, clock, "rr", downstream) as (queue, task),
         ):
             await wait_until(lambda: clock.done or task.done(), timeout=TIMEOUT)
             if task.done():

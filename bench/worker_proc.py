@@ -86,8 +86,8 @@ async def run_rabbitretry(
     class TimedPipeline(Pipeline):
         """Notes, for each delivery, the time from its publish to its ack."""
 
-        async def process(self, message: IncomingMessage) -> Outcome:
-            outcome = await super().process(message)
+        async def process(self, message: IncomingMessage, probe: str | None = None) -> Outcome:
+            outcome = await super().process(message, probe)
             if outcome.result == "succeeded":
                 tally.acked(message.body)
             elif outcome.result == "parked":

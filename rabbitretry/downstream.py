@@ -21,6 +21,10 @@ those failures charged are forgiven, and no attempt is charged while it stays op
 ``first_pause`` seconds one worker tries one delivery (the probe); its success closes the
 breaker, its failure doubles the pause, up to ``max_pause``. Errors outside the block, or of
 other types, keep the consumer's retry policy.
+
+``max_per_second`` and ``max_at_once`` bound the calls of every worker together: a call waits
+for its turn at the start of the block (:mod:`rabbitretry.delivery.limits` says how the
+workers share the limits).
 """
 
 from __future__ import annotations
@@ -53,6 +57,10 @@ class Downstream:
     """Seconds the breaker stays open before the first probe."""
     max_pause: float = 15.0
     """The pause doubles after each failed probe, up to this."""
+    max_per_second: float | None = None
+    """At most this many calls a second, by every worker together (None: no limit)."""
+    max_at_once: int | None = None
+    """At most this many calls at once, by every worker together (None: no limit)."""
 
     def __post_init__(self) -> None:
         where = f"Downstream({self.name!r})"
@@ -71,6 +79,10 @@ class Downstream:
             raise ConfigurationError(f"{where}: failure_threshold must be at least 1")
         if self.failure_window <= 0:
             raise ConfigurationError(f"{where}: failure_window must be a positive number")
+        if self.max_per_second is not None and not self.max_per_second > 0:
+            raise ConfigurationError(f"{where}: max_per_second must be a positive number")
+        if self.max_at_once is not None and self.max_at_once < 1:
+            raise ConfigurationError(f"{where}: max_at_once must be at least 1")
         if not 0 < self.first_pause <= self.max_pause:
             raise ConfigurationError(
                 f"{where}: first_pause must be positive and at most max_pause ({self.max_pause})"

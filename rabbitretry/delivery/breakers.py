@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from rabbitretry.db import Pool, answering
+from rabbitretry.delivery.limits import Limiter, NoTurn
 from rabbitretry.downstream import Downstream, attributed, declared
 from rabbitretry.errors import DownstreamUnavailable
 from rabbitretry.ledger import Key
@@ -26,6 +27,7 @@ from rabbitretry.ledger.downstreams import State, View
 log = logging.getLogger("rabbitretry.worker")
 
 POLL = 1.0  # seconds between two refreshes of a worker's view of the shared state
+MEMBER_FOR = 3 * POLL  # a worker not seen for this long no longer has a share of a limit
 
 
 class Breakers:
@@ -36,6 +38,12 @@ class Breakers:
         self.pool = pool
         self.worker = worker
         self.downstreams = {d.name: d for d in downstreams}
+        self.limiters = {
+            d.name: Limiter(d.max_per_second, d.max_at_once)
+            for d in self.downstreams.values()
+            if d.max_per_second is not None or d.max_at_once is not None
+        }
+        """The local share of each rate-limited downstream's limits."""
         self._views: dict[str, View] = {}
         self.changed = asyncio.Event()
         """Set when a breaker's state changes in this view (the watcher clears it)."""
@@ -64,6 +72,10 @@ class Breakers:
             return
         async with answering(self.pool) as conn:
             views = await rows.views(conn, list(self.downstreams))
+            if self.limiters:
+                shares = await rows.members(conn, list(self.limiters), self.worker, MEMBER_FOR)
+                for name, (members, rank) in shares.items():
+                    self.limiters[name].share(members, rank)
         for name in self.downstreams:
             self._see(name, views.get(name))
 
@@ -79,9 +91,13 @@ class Breakers:
                 log.warning("downstream %s answers again: its breaker is closed", name)
 
     def calls(
-        self, downstreams: Sequence[Downstream], consumer: str, probe: str | None = None
+        self,
+        downstreams: Sequence[Downstream],
+        consumer: str,
+        max_wait: float,
+        probe: str | None = None,
     ) -> BreakerCalls:
-        return BreakerCalls(self, downstreams, consumer, probe)
+        return BreakerCalls(self, downstreams, consumer, max_wait, probe)
 
     async def count_failure(self, error: DownstreamUnavailable, key: Key, attempt: int) -> State:
         """Count a failure of ``error.downstream`` met by ``attempt`` of ``key``; the breaker's
@@ -150,6 +166,8 @@ class BreakerCalls:
     breakers: Breakers
     downstreams: Sequence[Downstream]
     consumer: str
+    max_wait: float
+    """Seconds a call may wait for its turn under a rate limit before it is not made."""
     probe: str | None = None
     """The downstream this delivery probes, if it is a probe."""
 
@@ -161,9 +179,23 @@ class BreakerCalls:
         name = downstream.name
         state = self.breakers.state(name)
         if state != "closed" and name != self.probe:
-            refused = DownstreamUnavailable(name, f"its breaker is {state}; the call was not made")
-            refused.call_made = False
-            raise refused
-        async with attributed(downstream):
-            yield
+            raise _not_made(name, f"its breaker is {state}; the call was not made")
+        limiter = self.breakers.limiters.get(name)
+        async with contextlib.AsyncExitStack() as turn:
+            if limiter is not None:
+                try:
+                    await turn.enter_async_context(limiter.turn(self.max_wait))
+                except NoTurn as no_turn:
+                    raise _not_made(
+                        name, f"no turn under its rate limit within {self.max_wait:g} s ({no_turn})"
+                    ) from None
+            async with attributed(downstream):
+                yield
         await self.breakers.count_success(name)
+
+
+def _not_made(name: str, why: str) -> DownstreamUnavailable:
+    """The error of a call that was not made: nothing to count, the attempt is deferred."""
+    error = DownstreamUnavailable(name, why)
+    error.call_made = False
+    return error

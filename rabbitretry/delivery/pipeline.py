@@ -62,6 +62,9 @@ log = logging.getLogger("rabbitretry.worker")
 
 REQUEUE_PAUSE = 1.0  # seconds before requeueing a delivery after an unexpected error
 SHUTDOWN_CLAIM_WAIT = 5.0  # seconds a shutdown waits for a claim in flight, to give it back
+# A call waits for its turn under a rate limit at most this share of the attempt's timeout,
+# so that the wait cannot make the attempt time out (which would charge it).
+MAX_WAIT_SHARE = 0.5
 
 
 NO_ID = (
@@ -127,8 +130,8 @@ class Pipeline:
             raise
         except Exception as error:
             return await self._unsettled(message, error)
-        if outcome.result == "deferred":
-            await self._held_back()
+        if outcome.result == "deferred" and not self._admitted(None):
+            await self._held_back()  # a breaker opened (not a rate limit's wait)
         if outcome.result in ("requeued", "deferred"):
             return self._fields.ended(log, await self._requeue(message, outcome), received_at)
         await _settle(message, requeue=False)
@@ -171,7 +174,8 @@ class Pipeline:
         consumer = type(self.consumer).__name__
         if self.breakers is None:
             return Unbroken(self.downstreams, consumer)
-        return self.breakers.calls(self.downstreams, consumer, probe)
+        max_wait = type(self.consumer).timeout * MAX_WAIT_SHARE
+        return self.breakers.calls(self.downstreams, consumer, max_wait, probe)
 
     def _admitted(self, probe: str | None) -> bool:
         return self.breakers is None or self.breakers.admits(self.downstream_names, probe)

@@ -56,6 +56,8 @@ class Valve:
     """Runs a delivery taken as the probe of a downstream, to its end."""
     slots: list[Slot] = field(default_factory=list)
     is_open: bool = False
+    paused: bool = False
+    """Closed because a downstream it calls is unavailable (not for a shutdown)."""
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def open(self) -> None:
@@ -76,18 +78,27 @@ class Valve:
                 with contextlib.suppress(*amqp.CHANNEL_ERRORS, TimeoutError):
                     await asyncio.wait_for(slot.cancel(), 5.0)
 
+    async def pause(self) -> None:
+        """Stop taking deliveries because a downstream is unavailable (said once)."""
+        if not self.paused:
+            closed = [d for d in self.downstreams if self.breakers.state(d) != "closed"]
+            log.warning(
+                "%s: deliveries pause while %s is unavailable (its breaker is open)",
+                self.queue,
+                " and ".join(closed) or "a downstream it calls",
+            )
+        self.paused = True
+        await self.close()
+
     async def settle(self) -> None:
         """Open or close as the breakers of this consumer's downstreams now say."""
-        if self.breakers.admits(self.downstreams):
-            if not self.is_open:
-                log.info("%s: its downstreams answer; deliveries resume", self.queue)
-            await self.open()
-        else:
-            if self.is_open:
-                log.warning(
-                    "%s: a downstream it calls is unavailable; deliveries pause", self.queue
-                )
-            await self.close()
+        if not self.breakers.admits(self.downstreams):
+            await self.pause()
+            return
+        if self.paused:
+            log.warning("%s: its downstreams answer again; deliveries resume", self.queue)
+            self.paused = False
+        await self.open()
 
     async def probe(self, name: str) -> bool:
         """Try one waiting delivery as the probe of ``name``; False if none waited."""
@@ -104,7 +115,20 @@ async def watch(valves: Sequence[Valve], every: float = POLL) -> None:
     """Keep every valve as its breakers say, and run the probes this worker wins; until
     cancelled. A ledger that cannot be read leaves each view as it was."""
     breakers = list({id(v.breakers): v.breakers for v in valves}.values())
-    probing: set[str] = set()
+    probing: dict[str, asyncio.Task[None]] = {}
+    try:
+        await _keep(breakers, valves, probing, every)
+    finally:
+        for task in probing.values():
+            task.cancel()
+
+
+async def _keep(
+    breakers: Sequence[Breakers],
+    valves: Sequence[Valve],
+    probing: dict[str, asyncio.Task[None]],
+    every: float,
+) -> None:
     while True:
         for view in breakers:
             view.changed.clear()
@@ -118,14 +142,14 @@ async def watch(valves: Sequence[Valve], every: float = POLL) -> None:
             for name in view.downstreams:
                 state = view.view(name)
                 if state is not None and state.probe_due and name not in probing:
-                    probing.add(name)
                     task = asyncio.create_task(_probe(view, name, valves))
+                    probing[name] = task
                     task.add_done_callback(functools.partial(_done_probing, probing, name))
         await _changed_or(breakers, every)
 
 
-def _done_probing(probing: set[str], name: str, _: object) -> None:
-    probing.discard(name)
+def _done_probing(probing: dict[str, asyncio.Task[None]], name: str, _: object) -> None:
+    probing.pop(name, None)
 
 
 async def _probe(breakers: Breakers, name: str, valves: Sequence[Valve]) -> None:

@@ -217,17 +217,17 @@ class Verdicts:
     async def defer(
         self, key: Key, claim: Claim, result: AttemptResult, downstream: str
     ) -> Outcome:
-        """The attempt met ``downstream`` unavailable with its breaker open: recorded, not
-        counted; the delivery goes back to the queue, where it waits for the breaker."""
+        """The attempt met ``downstream`` unavailable with its breaker open (or got no turn
+        under its rate limit): recorded, not counted; the delivery goes back to the queue."""
         assert result.failure is not None
         failure = replace(result.failure, downstream=downstream)
         if not await self.ledger.defer(key, claim.attempt, failure):
             return await self.missed(key, claim.attempt, "deferral")
         log.info(
-            "%s: attempt %d deferred, not counted: %s is unavailable and its breaker is open",
+            "%s: attempt %d deferred, not counted (%s)",
             key,
             claim.attempt,
-            downstream,
+            result.error,
             extra=self._fields(key, attempt=claim.attempt, outcome="deferred"),
         )
         return Outcome(key, "deferred", claim.attempt)

@@ -293,7 +293,7 @@ class Worker:
             ledger_gate=self._gates.ledgers[type(consumer).database_url],
             broker_gate=self._gates.broker,
             breakers=valve.breakers,
-            hold_back=valve.close,
+            hold_back=valve.pause,
         )
 
         async def attempt(message: IncomingMessage, probe: str | None = None) -> None:

@@ -74,6 +74,15 @@ async def declare(executor: Executor, names: Sequence[str], queue: str) -> None:
     await executor.execute(query("downstream_declare"), list(names), queue)
 
 
+async def members(
+    executor: Executor, names: Sequence[str], worker: str, within: float
+) -> dict[str, tuple[int, int]]:
+    """Note ``worker`` as a caller of ``names``; for each, (workers seen within ``within``
+    seconds, this worker's rank among them)."""
+    rows = await executor.fetch(query("downstream_members"), list(names), worker, within)
+    return {row["name"]: (row["members"], row["rank"]) for row in rows}
+
+
 async def views(executor: Executor, names: Sequence[str]) -> dict[str, View]:
     """The breakers of ``names`` that have a row (a downstream without one is closed)."""
     rows = await executor.fetch(query("downstream_states"), list(names))
@@ -104,3 +113,19 @@ async def force_open(executor: Executor, name: str, actor: str) -> None:
 async def force_close(executor: Executor, name: str, actor: str) -> bool:
     """Close ``name`` now; False if no breaker of that name has ever been recorded."""
     return bool(await executor.fetchval(query("downstream_force_close"), name, actor))
+
+
+async def breakers(executor: Executor) -> list[Record]:
+    """Every breaker with the work queues whose handlers call it (the operator's listing)."""
+    return list(await executor.fetch(query("downstream_breakers")))
+
+
+async def lock(executor: Executor, name: str) -> Record | None:
+    """Breaker ``name``, locked until the caller's transaction ends (an operator's open or
+    close, with its audit row); None if no breaker of that name has been recorded."""
+    return await executor.fetchrow(query("downstream_lock"), name)
+
+
+async def names(executor: Executor) -> list[str]:
+    """The names of the breakers recorded so far."""
+    return [row["name"] for row in await executor.fetch(query("downstream_names"))]

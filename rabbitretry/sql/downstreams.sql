@@ -68,3 +68,39 @@ SELECT name, ARRAY[$2::text] FROM unnest($1::text[]) AS name
 ON CONFLICT (name) DO UPDATE
 SET queues = d.queues || $2::text
 WHERE NOT $2::text = ANY (d.queues);
+
+-- name: downstream_breakers
+-- Every breaker, for the operator's listing: its state and the work queues that call it.
+SELECT name, state, since, failures, last_error, pause_seconds, next_probe_at, probe_worker,
+       probes, opened, forced, forced_by, queues, updated_at
+FROM rabbitretry.downstream ORDER BY name;
+
+-- name: downstream_lock
+-- Breaker $1, locked while an operator opens or closes it and writes the audit row (NULL:
+-- no breaker of that name has been recorded).
+SELECT name, state, since, failures, last_error, pause_seconds, next_probe_at, probe_worker,
+       probes, opened, forced, forced_by, queues, updated_at
+FROM rabbitretry.downstream WHERE name = $1
+FOR UPDATE;
+
+-- name: downstream_names
+-- The names of the breakers recorded so far (what an unknown name is told).
+SELECT name FROM rabbitretry.downstream ORDER BY name;
+
+-- name: downstream_members
+-- Worker $2 calls the rate-limited downstreams $1: it notes itself, and learns how many
+-- workers were seen within $3 seconds (itself included) and its rank among them by name.
+-- Workers gone for an hour are forgotten.
+WITH seen AS (
+    INSERT INTO rabbitretry.downstream_member AS m (name, worker)
+    SELECT name, $2 FROM unnest($1::text[]) AS name
+    ON CONFLICT (name, worker) DO UPDATE SET seen_at = now()
+), gone AS (
+    DELETE FROM rabbitretry.downstream_member WHERE seen_at < now() - interval '1 hour'
+)
+SELECT n.name, 1 + count(m.worker)::int AS members,
+       (count(m.worker) FILTER (WHERE m.worker < $2))::int AS rank
+FROM unnest($1::text[]) AS n(name)
+LEFT JOIN rabbitretry.downstream_member m
+  ON m.name = n.name AND m.worker <> $2 AND m.seen_at > now() - make_interval(secs => $3)
+GROUP BY n.name;

@@ -523,6 +523,15 @@ CREATE TABLE rabbitretry.downstream (
     CONSTRAINT downstream_probe_check CHECK (state <> 'half-open' OR probe_worker IS NOT NULL)
 );
 
+-- The workers that call a rate-limited downstream, each noting itself every second: each
+-- takes its share of the downstream's limits (rabbitretry/delivery/limits.py).
+CREATE TABLE rabbitretry.downstream_member (
+    name            text        NOT NULL,
+    worker          text        NOT NULL,
+    seen_at         timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (name, worker)
+);
+
 -- The attempts a trip forgives: charged failures of one downstream, by when they ended.
 CREATE INDEX attempt_downstream_idx ON rabbitretry.attempt (downstream, finished_at)
     WHERE downstream IS NOT NULL AND outcome = 'retry';

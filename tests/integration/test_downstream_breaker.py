@@ -13,6 +13,7 @@ import pytest
 from pydantic import BaseModel
 
 from rabbitretry import Consumer, Context, Downstream, RetryPolicy
+from rabbitretry.ledger import downstreams
 from tests.integration.harness import publish, queue_depth, running_worker, wait_for
 
 pytestmark = pytest.mark.asyncio
@@ -255,3 +256,32 @@ async def test_errors_the_downstream_does_not_declare_keep_the_retry_policy(
 
         await wait_for(dead, timeout=20)
     assert await breaker(pool) is None  # never counted: not an outage
+
+
+async def test_an_operator_holds_a_breaker_open_until_they_close_it(
+    pool: asyncpg.Pool,
+    amqp_url: str,
+    database_url: str,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+) -> None:
+    await pool.execute(EFFECTS)
+    wms = Wms()
+    consumer = shipping_consumer(queue_name, wms, first_pause=0.2)
+    cleanup.append(consumer)
+    async with running_worker([consumer], amqp_url, database_url, concurrency=2):
+        await downstreams.force_open(pool, "wms", "ops@example.com")
+
+        async def paused() -> bool:
+            return await queue_depth(amqp_url, queue_name) == 5
+
+        await asyncio.sleep(1.5)  # the workers' view is refreshed every second
+        await publish_orders(amqp_url, queue_name, 5)
+        await wait_for(paused, timeout=5)
+        await asyncio.sleep(1.5)  # held open: no probe ever takes one
+        assert await queue_depth(amqp_url, queue_name) == 5
+        assert wms.calls == []
+
+        assert await downstreams.force_close(pool, "wms", "ops@example.com")
+        await all_succeeded(pool, queue_name, 5)
+    assert len(wms.calls) == 5

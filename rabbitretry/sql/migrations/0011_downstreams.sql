@@ -29,6 +29,15 @@ CREATE TABLE rabbitretry.downstream (
     CONSTRAINT downstream_probe_check CHECK (state <> 'half-open' OR probe_worker IS NOT NULL)
 );
 
+-- The workers that call a rate-limited downstream, each noting itself every second: each
+-- takes its share of the downstream's limits (rabbitretry/delivery/limits.py).
+CREATE TABLE rabbitretry.downstream_member (
+    name            text        NOT NULL,
+    worker          text        NOT NULL,
+    seen_at         timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (name, worker)
+);
+
 -- The attempt log says which downstream failed an attempt, and a deferred attempt (its
 -- downstream's breaker was open) is kept in the history without being counted.
 ALTER TABLE rabbitretry.attempt ADD COLUMN downstream text;
