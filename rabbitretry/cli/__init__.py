@@ -13,6 +13,7 @@ from rabbitretry.cli import (
     console,
     database,
     dead,
+    downstream,
     job,
     ledger,
     outbox,
@@ -87,6 +88,7 @@ app.add_typer(alerts.app, name="alerts")
 app.command("status")(status.status)
 app.command("console")(console.console)
 app.add_typer(callbacks.app, name="callbacks")
+app.add_typer(downstream.app, name="downstream")
 
 
 def main() -> None:
