@@ -28,6 +28,7 @@ from rabbitretry.db import Connection
 from rabbitretry.downstream import Downstream, DownstreamCalls
 from rabbitretry.errors import ConfigurationError
 from rabbitretry.retry import RetryPolicy
+from rabbitretry.topology import names
 from rabbitretry.topology.model import (
     Binding,
     DeliveryLimit,
@@ -127,6 +128,25 @@ class Context:
         return f"{self.queue}:{self.message_id}"
 
 
+@dataclass(frozen=True)
+class Death:
+    """What ended a message dead, as its recover hook (:meth:`Consumer.on_dead`) sees it."""
+
+    queue: str
+    message_id: str
+    reason: str
+    """``attempts-exhausted``, ``permanent-error``, ``invalid-payload``, ``crashed``..."""
+    error_type: str
+    error_message: str
+    attempts: int
+    """The attempts charged to the message when it died."""
+
+    def compensation_id(self, kind: str) -> str:
+        """The ``message_id`` of a compensating message of ``kind`` for this death, e.g.
+        ``compensate:refund:order-42``: its own id, never taken for the original."""
+        return f"compensate:{kind}:{self.message_id}"
+
+
 class Consumer(Generic[Payload]):
     """Subclass, set ``queue``, write :meth:`handle`.
 
@@ -155,7 +175,10 @@ class Consumer(Generic[Payload]):
                          ``RABBITRETRY_DATABASE_URL``): queue groups can live on different
                          primaries, the key ``(queue, message_id)`` never spans two
 
-    Override :meth:`should_skip` to skip messages by a business rule.
+    ``recover_retry``    the :class:`RetryPolicy` of the recover hook's runs (None: ``retry``)
+
+    Override :meth:`should_skip` to skip messages by a business rule, and :meth:`on_dead` to
+    run a recover hook for every message that ends dead.
     """
 
     queue: ClassVar[str]
@@ -170,6 +193,7 @@ class Consumer(Generic[Payload]):
     expires_after: ClassVar[float | None] = None
     database_url: ClassVar[str | None] = None
     downstreams: ClassVar[Sequence[Downstream]] = ()
+    recover_retry: ClassVar[RetryPolicy | None] = None
 
     payload_adapter: ClassVar[TypeAdapter[Any]]
 
@@ -199,6 +223,30 @@ class Consumer(Generic[Payload]):
     async def handle(self, msg: Payload, ctx: Context) -> None:
         raise NotImplementedError(f"{type(self).__name__}.handle() is not written")
 
+    async def on_dead(self, msg: Payload | None, ctx: Context, death: Death) -> None:
+        """The recover hook: runs once a message of this queue ends dead. Optional.
+
+        Its run is stored with the dead row, in the same transaction, and then taken like a
+        message of its own (queue ``<queue>.recover``): at least once, retried with backoff
+        under ``recover_retry``, its ``ctx.transaction()`` committed exactly once, and again
+        if a replayed message dies again. ``msg`` is None when the body never validated
+        (``death.reason`` is then ``invalid-payload``). Publish compensating messages through
+        the outbox in ``ctx.transaction()``, under ``death.compensation_id(kind)``.
+        """
+
+    @classmethod
+    def has_recover_hook(cls) -> bool:
+        return cls.on_dead is not Consumer.on_dead
+
+    @classmethod
+    def recover_queue(cls) -> WorkQueue:
+        """The work queue of this consumer's recover hook runs (when it has one)."""
+        return WorkQueue(
+            name=names.recover_queue(cls.queue),
+            type=cls.queue_type,
+            delivery_limit=cls.delivery_limit,
+        )
+
     @classmethod
     def work_queue(cls) -> WorkQueue:
         """This consumer's queue as topology data (work queue and dead letters)."""
@@ -221,7 +269,8 @@ def topology_of(consumers: Sequence[type[Consumer[Any]]]) -> Topology:
     exchanges = dict.fromkeys(b.exchange for c in consumers for b in c.bindings)
     return Topology(
         exchanges=[Exchange(name=name) for name in exchanges],
-        queues=[consumer.work_queue() for consumer in consumers],
+        queues=[consumer.work_queue() for consumer in consumers]
+        + [consumer.recover_queue() for consumer in consumers if consumer.has_recover_hook()],
     )
 
 
@@ -249,6 +298,8 @@ def _check(cls: type[Consumer[Any]]) -> None:
         )
     if not isinstance(cls.retry, RetryPolicy):
         raise ConfigurationError(f"{name}.retry must be a RetryPolicy")
+    if cls.recover_retry is not None and not isinstance(cls.recover_retry, RetryPolicy):
+        raise ConfigurationError(f"{name}.recover_retry must be a RetryPolicy or None")
     if not 0 < cls.timeout <= MAX_ATTEMPT_TIMEOUT:
         raise ConfigurationError(
             f"{name}.timeout must be between 0 and {MAX_ATTEMPT_TIMEOUT} s, below RabbitMQ's "

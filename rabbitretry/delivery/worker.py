@@ -28,6 +28,7 @@ from rabbitretry.delivery.breakers import Breakers
 from rabbitretry.delivery.outage import OutageGate, broker_probe
 from rabbitretry.delivery.outcome import Outcome
 from rabbitretry.delivery.pipeline import Pipeline
+from rabbitretry.delivery.recovery import recovery_consumers
 from rabbitretry.delivery.shutdown import close_connection, drain
 from rabbitretry.delivery.valves import PROBE_MARGIN, Slot, Valve, watch
 from rabbitretry.errors import ConfigurationError
@@ -173,6 +174,7 @@ class Worker:
             for gate in gates.ledgers.values():
                 stack.push_async_callback(gate.close)
             stack.push_async_callback(gates.broker.close)
+            instances += await recovery_consumers(instances, pools)
             valves = await self._start_consumers(instances, pools, consume_conn, publish_conn)
             self.started = True
             # What exists now (modules, connections, consumers) lives as long as the worker:
@@ -211,7 +213,10 @@ class Worker:
             if url is None:
                 raise ConfigurationError("a Worker needs a database_url or a pool")
             # Per in-flight attempt: one connection for the ledger, one for ctx.transaction().
-            slots = self.concurrency * sum(c.database_url == database for c in self.consumers)
+            queues = sum(
+                1 + c.has_recover_hook() for c in self.consumers if c.database_url == database
+            )
+            slots = self.concurrency * queues
             pool = await db.create_pool(url, min_size=1, max_size=2 * slots + 2)
             stack.push_async_callback(pool.close)
             pools[database] = pool

@@ -1,5 +1,5 @@
 -- The ledger database of rabbitretry, whole: every table, index, constraint, function and
--- trigger of the schema `rabbitretry` as the migrations 0001 to 0011 leave it, in one file to
+-- trigger of the schema `rabbitretry` as the migrations 0001 to 0012 leave it, in one file to
 -- read (what is stored, and why) and to build an empty database from in one step:
 --
 --     psql --single-transaction -f rabbitretry/sql/schema.sql "$RABBITRETRY_DATABASE_URL"
@@ -660,10 +660,58 @@ END;
 $$;
 
 
+-- Recover hooks -----------------------------------------------------------------------------
+
+-- A message of a queue whose consumer has a recover hook (Consumer.on_dead) that ends dead gets
+-- a pending run of the hook (an outbox row for <queue>.recover, id recover:<id>:<replays>),
+-- in the transaction that makes it dead.
+-- The queues whose consumers have a hook (a worker records its own when it starts).
+CREATE TABLE rabbitretry.recover_hook (
+    queue           text        PRIMARY KEY,
+    recover_queue   text        NOT NULL,
+    registered_at   timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE FUNCTION rabbitretry.recover_on_dead() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    target text;
+BEGIN
+    IF TG_OP = 'UPDATE' AND OLD.status = 'dead' THEN
+        RETURN NULL;
+    END IF;
+    SELECT h.recover_queue INTO target FROM rabbitretry.recover_hook h WHERE h.queue = NEW.queue;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    -- An AMQP message_id holds 255 bytes: a long id is hashed (the header keeps it whole).
+    INSERT INTO rabbitretry.outbox (exchange, routing_key, message_id, payload, headers)
+    VALUES ('', target,
+            'recover:' || CASE WHEN octet_length(NEW.message_id) > 200
+                               THEN 'md5-' || md5(NEW.message_id) ELSE NEW.message_id END
+                       || ':' || NEW.replays,
+            NEW.payload,
+            jsonb_build_object(
+                'x-rabbitretry-recover-of', NEW.message_id,
+                'x-rabbitretry-dead-reason', coalesce(NEW.reason, ''),
+                'x-rabbitretry-dead-error-type', coalesce(NEW.error_type, ''),
+                'x-rabbitretry-dead-error', left(coalesce(NEW.error_message, ''), 2000),
+                'x-rabbitretry-dead-attempts', NEW.attempts - NEW.attempts_forgiven));
+    PERFORM pg_notify('rabbitretry_outbox', '');
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER ledger_recover_on_dead
+    AFTER INSERT OR UPDATE OF status ON rabbitretry.ledger
+    FOR EACH ROW WHEN (NEW.status = 'dead')
+    EXECUTE FUNCTION rabbitretry.recover_on_dead();
+
+
 -- Migrations ---------------------------------------------------------------------------------
 
 -- The migrations applied (rabbitretry.db.migrate writes a row per migration); these rows say
--- that this schema stands for migrations 0001 to 0011.
+-- that this schema stands for migrations 0001 to 0012.
 CREATE TABLE rabbitretry.schema_migration (
     version     integer     PRIMARY KEY,
     name        text        NOT NULL,
@@ -680,4 +728,5 @@ INSERT INTO rabbitretry.schema_migration (version, name) VALUES
     (8, 'console'),
     (9, 'claim_lease'),
     (10, 'handler_started'),
-    (11, 'downstreams');
+    (11, 'downstreams'),
+    (12, 'recover_hooks');

@@ -12,3 +12,11 @@ DEAD_SUFFIX = ".dead"
 
 def dead_queue(queue: str) -> str:
     return f"{queue}{DEAD_SUFFIX}"
+
+
+RECOVER_SUFFIX = ".recover"
+
+
+def recover_queue(queue: str) -> str:
+    """Where the recover hook runs of ``queue``'s dead messages wait (``Consumer.on_dead``)."""
+    return f"{queue}{RECOVER_SUFFIX}"

@@ -1,0 +1,91 @@
+"""Running a consumer's recover hook (``on_dead``) as a message of its own.
+
+A run waits in ``<queue>.recover`` (the ledger's trigger queued it, through the outbox, in
+the transaction that made the message dead). The worker consumes that queue with a consumer
+made here for each consumer that has a hook: the run is claimed, counted, retried with
+backoff and committed like any delivery, and calls the hook of the worker's own instance of
+the consumer, with the dead message and what killed it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pydantic
+
+from rabbitretry import db
+from rabbitretry.consumer import Consumer, Context, Death
+from rabbitretry.ledger import recover_hooks
+
+RECOVER_OF = "x-rabbitretry-recover-of"
+
+
+def recovery_consumer(owner: Consumer[Any]) -> type[Consumer[Any]]:
+    """The consumer of ``owner``'s recover queue, calling ``owner.on_dead``."""
+    owner_type = type(owner)
+    work_queue = owner_type.recover_queue()
+
+    class Recover(Consumer[bytes]):
+        queue = work_queue.name
+        queue_type = owner_type.queue_type
+        delivery_limit = owner_type.delivery_limit
+        retry = owner_type.recover_retry or owner_type.retry
+        timeout = owner_type.timeout
+        lease = owner_type.lease
+        database_url = owner_type.database_url
+        max_body_bytes = max(owner_type.max_body_bytes, 1)
+
+        @classmethod
+        def parse(cls, body: bytes) -> bytes:
+            return body  # the dead message's body, validated (or not) below
+
+        async def handle(self, msg: bytes, ctx: Context) -> None:
+            death = death_of(owner_type.queue, ctx.headers)
+            await owner.on_dead(_payload(owner_type, msg), ctx, death)
+
+    Recover.__name__ = Recover.__qualname__ = f"{owner_type.__name__}.on_dead"
+    return Recover
+
+
+def _payload(owner_type: type[Consumer[Any]], body: bytes) -> Any:
+    try:
+        return owner_type.parse(body)
+    except pydantic.ValidationError:
+        return None  # it died of its body (invalid-payload): the hook gets the death alone
+
+
+def death_of(queue: str, headers: Mapping[str, Any]) -> Death:
+    """What killed the message, from the headers its hook's run was queued with."""
+
+    def text(name: str) -> str:
+        value = headers.get(name)
+        return value if isinstance(value, str) else ""
+
+    attempts = headers.get("x-rabbitretry-dead-attempts")
+    return Death(
+        queue=queue,
+        message_id=text(RECOVER_OF),
+        reason=text("x-rabbitretry-dead-reason"),
+        error_type=text("x-rabbitretry-dead-error-type"),
+        error_message=text("x-rabbitretry-dead-error"),
+        attempts=attempts if isinstance(attempts, int) and not isinstance(attempts, bool) else 0,
+    )
+
+
+async def recovery_consumers(
+    instances: Sequence[Consumer[Any]], pools: dict[str | None, db.Pool]
+) -> list[Consumer[Any]]:
+    """Record which queues have a recover hook (their dead messages get a run of it), and the
+    consumers of the runs, one per hook."""
+    hooks = []
+    for instance in instances:
+        consumer_type = type(instance)
+        async with pools[consumer_type.database_url].acquire() as conn:
+            if not consumer_type.has_recover_hook():
+                await recover_hooks.unregister(conn, consumer_type.queue)
+                continue
+            recovery = recovery_consumer(instance)
+            await recover_hooks.register(conn, consumer_type.queue, recovery.queue)
+        hooks.append(recovery())
+    return hooks
