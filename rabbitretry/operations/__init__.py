@@ -30,7 +30,15 @@ from rabbitretry.operations.replay import (
     replay_targets,
     sender,
 )
-from rabbitretry.operations.selection import STATUSES, Filter, find, groups, history, list_messages
+from rabbitretry.operations.selection import (
+    STATUSES,
+    Filter,
+    find,
+    groups,
+    history,
+    list_messages,
+    recover_run,
+)
 
 __all__ = [
     "STATUSES",
@@ -52,6 +60,7 @@ __all__ = [
     "pause_before",
     "payload_text",
     "recent_audit",
+    "recover_run",
     "replay",
     "replay_targets",
     "sender",

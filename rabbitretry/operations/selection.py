@@ -13,6 +13,7 @@ from typing import Any
 
 from rabbitretry import ledger
 from rabbitretry.db import Pool, Record, query
+from rabbitretry.ledger import recover_hooks
 from rabbitretry.operations.errors import OperationError
 
 STATUSES = ("dead", "retrying", "ignored")
@@ -81,3 +82,8 @@ async def history(pool: Pool, key: ledger.Key) -> tuple[list[Record], list[Recor
     attempts = await pool.fetch(query("list_attempts"), key.queue, key.message_id)
     audit = await pool.fetch(query("list_audit"), key.queue, key.message_id)
     return list(attempts), list(audit)
+
+
+async def recover_run(pool: Pool, key: ledger.Key) -> Record | None:
+    """The latest run of the recover hook for dead message ``key`` (None: no hook ran)."""
+    return await recover_hooks.run_of(pool, key.queue, key.message_id)

@@ -18,6 +18,7 @@ from rabbitretry.ledger import Key, recover_hooks
 from rabbitretry.operations.replay import replay, sender
 from rabbitretry.outbox import Outbox
 from rabbitretry.topology import names
+from tests.acceptance.cli import env_for, rabbitretry
 from tests.integration.harness import publish, running_worker, wait_for
 
 pytestmark = pytest.mark.asyncio
@@ -118,6 +119,12 @@ async def test_a_dead_message_runs_its_hook_once_with_what_killed_it(
     )
     assert hook_run is not None and hook_run["status"] == "succeeded" and hook_run["attempts"] == 2
     assert hook_run["message_id"] == "recover:order-7:0"
+    shown = await rabbitretry(
+        env_for(amqp_url, database_url), "dead", "show", "order-7", "--queue", queue_name
+    )
+    assert shown.code == 0, shown.stderr
+    assert "recover hook  succeeded after 2 run(s)" in shown.stdout
+    assert f"dead show recover:order-7:0 --queue {queue_name}.recover" in shown.stdout
     compensation = await pool.fetch(
         "SELECT message_id FROM rabbitretry.outbox WHERE routing_key = 'refunds.requested'"
     )

@@ -10,6 +10,7 @@ from rich.table import Table
 from rabbitretry import ledger, operations
 from rabbitretry.cli.common import age, literal, out
 from rabbitretry.db import Record
+from rabbitretry.topology import names
 
 # Short values that a narrow terminal should never fold; the long ones (keys, errors) fold.
 _NO_WRAP = {"fingerprint", "messages", "attempts", "status", "first", "last", "age"}
@@ -62,7 +63,9 @@ def print_targets(keys: list[ledger.Key]) -> None:
     out.print(table)
 
 
-def print_entry(row: Record, attempts: list[Record], audit: list[Record]) -> None:
+def print_entry(
+    row: Record, attempts: list[Record], audit: list[Record], recovery: Record | None = None
+) -> None:
     budget = row["attempts"] - row["attempts_forgiven"]
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="bold")
@@ -94,6 +97,8 @@ def print_entry(row: Record, attempts: list[Record], audit: list[Record]) -> Non
         ),
         ("fingerprint", row["error_fingerprint"] or "-"),
     ]
+    if recovery is not None:
+        fields.append(("recover hook", _recovery(row["queue"], recovery)))
     for name, value in fields:
         summary.add_row(name, str(value))
     out.print(summary)
@@ -147,3 +152,14 @@ def _pretty_payload(body: bytes) -> str:
 def one_line(text: str, width: int) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def _recovery(queue: str, run: Record) -> str:
+    """How the run of the consumer's ``on_dead`` for this message went, and where to see it."""
+    state = run["status"] + (f" ({run['reason']})" if run["reason"] else "")
+    if run["error_type"] and run["status"] != "succeeded":
+        state += f", last error {run['error_type']}: {one_line(run['error_message'] or '', 60)}"
+    return (
+        f"{state} after {run['attempts']} run(s); "
+        f"rabbitretry dead show {run['message_id']} --queue {names.recover_queue(queue)}"
+    )

@@ -88,14 +88,16 @@ async def show(
     queue: QueueOption = None,
     database: DatabaseOption = None,
 ) -> None:
-    """Show one message: payload, headers, state, every attempt and the audit trail."""
+    """Show one message: payload, headers, state, every attempt, the audit trail, and the run
+    of its consumer's recover hook (on_dead), if it has one."""
     pool = await db.create_pool(settings().database(database), min_size=1, max_size=1)
     try:
         row = await find(pool, key, queue)
         attempts, audit = await operations.history(pool, ledger.Key(row["queue"], key))
+        recovery = await operations.recover_run(pool, ledger.Key(row["queue"], key))
     finally:
         await pool.close()
-    printing.print_entry(row, attempts, audit)
+    printing.print_entry(row, attempts, audit, recovery)
 
 
 @run_async
