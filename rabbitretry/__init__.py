@@ -12,7 +12,7 @@ from rabbitretry.callbacks import (
     RecordNotFound,
     StateMachine,
 )
-from rabbitretry.consumer import Consumer, Context, topology_of
+from rabbitretry.consumer import Consumer, Context, Death, topology_of
 from rabbitretry.delivery.worker import Worker
 from rabbitretry.downstream import Downstream
 from rabbitretry.errors import (
@@ -46,6 +46,7 @@ __all__ = [
     "ConnectionLost",
     "Consumer",
     "Context",
+    "Death",
     "Downstream",
     "DownstreamUnavailable",
     "Exchange",

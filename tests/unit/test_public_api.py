@@ -23,6 +23,7 @@ EXPECTED = [
     "ConnectionLost",
     "Consumer",
     "Context",
+    "Death",
     "Downstream",
     "DownstreamUnavailable",
     "Exchange",
