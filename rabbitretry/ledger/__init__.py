@@ -9,7 +9,10 @@ module runs a statement that changes them):
 - ``failures``: what is recorded of a failure (type, bounded message and traceback, fingerprint);
 - ``operator``: the writes an operator's actions make (ignore, undo, payload edits, replays);
 - ``repairs``: the writes the reconciler makes to repair what the broker lost;
-- ``retention``: what ``rabbitretry ledger prune`` removes.
+- ``retention``: what ``rabbitretry ledger prune`` removes;
+- ``downstreams``: the downstream breakers' shared state (their failures forgive the attempts
+  they charged);
+- ``recover_hooks``: which queues' dead messages get a run of their consumer's ``on_dead``.
 
 What is exported here serves readers of the ledger (operations, the reconciler, the console)
 and tests that set up a state.

@@ -13,6 +13,7 @@ table: who, when, what, how many.
 - :mod:`~rabbitretry.operations.export`: JSON lines of the matching messages
 - :mod:`~rabbitretry.operations.audit`: the audit rows
 - :mod:`~rabbitretry.operations.payload`: payloads shown and checked
+- :mod:`~rabbitretry.operations.downstreams`: the downstream breakers listed, held open, closed
 """
 
 from rabbitretry.operations.audit import recent_audit
