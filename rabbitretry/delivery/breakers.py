@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from types import TracebackType
 
 from rabbitretry.db import Pool, answering
 from rabbitretry.delivery.limits import Limiter, NoTurn
-from rabbitretry.downstream import Downstream, attributed, declared
+from rabbitretry.downstream import Downstream, declared
 from rabbitretry.errors import DownstreamUnavailable
 from rabbitretry.ledger import Key
 from rabbitretry.ledger import downstreams as rows
@@ -172,26 +173,56 @@ class BreakerCalls:
     """The downstream this delivery probes, if it is a probe."""
 
     def call(self, name: str) -> contextlib.AbstractAsyncContextManager[None]:
-        return self._call(declared(self.downstreams, name, self.consumer))
+        return _Call(self, declared(self.downstreams, name, self.consumer))
 
-    @contextlib.asynccontextmanager
-    async def _call(self, downstream: Downstream) -> AsyncIterator[None]:
-        name = downstream.name
-        state = self.breakers.state(name)
-        if state != "closed" and name != self.probe:
+
+class _Call:
+    """One ``ctx.downstream(name)`` block: refused while the breaker is open (unless it is the
+    probe), waiting for its turn under a rate limit, its errors attributed, its success told to
+    the breaker. A plain class rather than a generator: it runs around every call."""
+
+    def __init__(self, calls: BreakerCalls, downstream: Downstream) -> None:
+        self._calls = calls
+        self._downstream = downstream
+        self._turn: contextlib.AbstractAsyncContextManager[None] | None = None
+
+    async def __aenter__(self) -> None:
+        name = self._downstream.name
+        breakers = self._calls.breakers
+        state = breakers.state(name)
+        if state != "closed" and name != self._calls.probe:
             raise _not_made(name, f"its breaker is {state}; the call was not made")
-        limiter = self.breakers.limiters.get(name)
-        async with contextlib.AsyncExitStack() as turn:
-            if limiter is not None:
-                try:
-                    await turn.enter_async_context(limiter.turn(self.max_wait))
-                except NoTurn as no_turn:
-                    raise _not_made(
-                        name, f"no turn under its rate limit within {self.max_wait:g} s ({no_turn})"
-                    ) from None
-            async with attributed(downstream):
-                yield
-        await self.breakers.count_success(name)
+        limiter = breakers.limiters.get(name)
+        if limiter is not None:
+            turn = limiter.turn(self._calls.max_wait)
+            try:
+                await turn.__aenter__()
+            except NoTurn as no_turn:
+                raise _not_made(
+                    name,
+                    f"no turn under its rate limit within {self._calls.max_wait:g} s ({no_turn})",
+                ) from None
+            self._turn = turn
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._turn is not None:
+            await self._turn.__aexit__(None, None, None)
+        if error is None:
+            await self._calls.breakers.count_success(self._downstream.name)
+            return
+        if (
+            isinstance(error, Exception)
+            and not isinstance(error, DownstreamUnavailable)
+            and self._downstream.is_unavailable(error)
+        ):
+            raise DownstreamUnavailable(
+                self._downstream.name, f"{type(error).__name__}: {error}"
+            ) from error
 
 
 def _not_made(name: str, why: str) -> DownstreamUnavailable:
