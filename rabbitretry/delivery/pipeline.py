@@ -108,6 +108,7 @@ class Pipeline:
         self.breakers = breakers
         self.downstreams = type(consumer).downstreams
         self.downstream_names = [d.name for d in self.downstreams]
+        self._unbroken = Unbroken(self.downstreams, type(consumer).__name__)
         self._hold_back = hold_back
         """Stops this consumer taking deliveries (its downstream's breaker is open)."""
 
@@ -171,14 +172,17 @@ class Pipeline:
         return await self._requeue(message)
 
     def _calls(self, probe: str | None) -> DownstreamCalls:
-        consumer = type(self.consumer).__name__
-        if self.breakers is None:
-            return Unbroken(self.downstreams, consumer)
+        if self.breakers is None or not self.downstreams:
+            return self._unbroken  # nothing to count: the same blocks for every delivery
         max_wait = type(self.consumer).timeout * MAX_WAIT_SHARE
-        return self.breakers.calls(self.downstreams, consumer, max_wait, probe)
+        return self.breakers.calls(self.downstreams, type(self.consumer).__name__, max_wait, probe)
 
     def _admitted(self, probe: str | None) -> bool:
-        return self.breakers is None or self.breakers.admits(self.downstream_names, probe)
+        return (
+            self.breakers is None
+            or not self.downstream_names
+            or self.breakers.admits(self.downstream_names, probe)
+        )
 
     async def _held_back(self) -> None:
         """Stop taking deliveries before one is requeued for an open breaker: it would come
