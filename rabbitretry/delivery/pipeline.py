@@ -364,7 +364,7 @@ class Pipeline:
                 before_handler=lambda: self._mark_started(key, claim),
             )
         tracing.record_attempt(ctx.attempt, ctx.max_attempts, result)
-        outcome = await self.verdicts.record(key, claim, snapshot, result, self.breakers)
+        outcome = await self.verdicts.record(key, claim, snapshot, result, self.breakers, probe)
         return replace(outcome, handler_seconds=result.handler_seconds)
 
     async def _born(self, message: IncomingMessage, key: Key) -> datetime | None:

@@ -10,7 +10,7 @@ already rejected is dropped.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from rabbitretry import db
 from rabbitretry.delivery.attempt import AttemptResult, failed_attempt
@@ -54,16 +54,19 @@ class Verdicts:
         snapshot: Snapshot,
         result: AttemptResult,
         breakers: Breakers | None = None,
+        probe: str | None = None,
     ) -> Outcome:
         """Write the attempt's decision to the ledger, then publish what follows from it; a
-        failure of one of the consumer's downstreams goes by its breaker."""
+        failure of one of the consumer's downstreams goes by its breaker (``probe``: the
+        downstream this delivery probed)."""
         error = result.error
         if (
             breakers is not None
             and isinstance(error, DownstreamUnavailable)
             and error.downstream in breakers.downstreams
         ):
-            return await self._downstream_failed(key, claim, snapshot, result, error, breakers)
+            met = Met(error, breakers, probe)
+            return await self._downstream_failed(key, claim, snapshot, result, met)
         return await self._record(key, claim, snapshot, result)
 
     async def _downstream_failed(
@@ -72,15 +75,16 @@ class Verdicts:
         claim: Claim,
         snapshot: Snapshot,
         result: AttemptResult,
-        error: DownstreamUnavailable,
-        breakers: Breakers,
+        met: Met,
     ) -> Outcome:
         """While the breaker is closed, the failure is a failed attempt, recorded before it is
         counted: the trip it may cause forgives it with the others. A failure that finds the
-        breaker open (or opens it at the last attempt, or is the probe's) is deferred."""
+        breaker open (or opens it at the last attempt, or is the probe's) is deferred, and so
+        is a call that got no turn under a rate limit."""
+        error, breakers = met.error, met.breakers
         name = error.downstream
-        if not error.call_made:  # refused: the breaker is open, nothing to count
-            return await self.defer(key, claim, result, name)
+        if not error.call_made:  # refused (open, or no turn): nothing to count
+            return await self.defer(key, claim, result, name, snapshot if met.to_tail() else None)
         assert result.failure is not None
         charged = replace(result, failure=replace(result.failure, downstream=name))
         if breakers.state(name) == "closed" and result.outcome == "retrying":
@@ -89,7 +93,7 @@ class Verdicts:
             return outcome
         if await breakers.count_failure(error, key, claim.attempt) == "closed":
             return await self._record(key, claim, snapshot, charged)
-        return await self.defer(key, claim, result, name)
+        return await self.defer(key, claim, result, name, snapshot if met.to_tail() else None)
 
     async def _record(
         self, key: Key, claim: Claim, snapshot: Snapshot, result: AttemptResult
@@ -215,14 +219,25 @@ class Verdicts:
         return Outcome(key, "requeued", attempt)
 
     async def defer(
-        self, key: Key, claim: Claim, result: AttemptResult, downstream: str
+        self,
+        key: Key,
+        claim: Claim,
+        result: AttemptResult,
+        downstream: str,
+        to_tail: Snapshot | None = None,
     ) -> Outcome:
         """The attempt met ``downstream`` unavailable with its breaker open (or got no turn
-        under its rate limit): recorded, not counted; the delivery goes back to the queue."""
+        under its rate limit): recorded, not counted; the delivery goes back to the queue
+        where it was, or, given its snapshot (``to_tail``), a copy goes to the queue's tail."""
         assert result.failure is not None
         failure = replace(result.failure, downstream=downstream)
         if not await self.ledger.defer(key, claim.attempt, failure):
             return await self.missed(key, claim.attempt, "deferral")
+        if to_tail is not None:
+            refused = await self.copies.publish_delayed(key, to_tail, 0.0, claim.attempt)
+            if refused is not None:
+                return await self.reject(key, "unpublishable", refused, to_tail)
+            await self.ledger.confirm_retry_copy(key, claim.attempt)
         log.info(
             "%s: attempt %d deferred, not counted (%s)",
             key,
@@ -230,7 +245,7 @@ class Verdicts:
             result.error,
             extra=self._fields(key, attempt=claim.attempt, outcome="deferred"),
         )
-        return Outcome(key, "deferred", claim.attempt)
+        return Outcome(key, "deferred" if to_tail is None else "parked", claim.attempt)
 
     async def reject(self, key: Key, reason: str, detail: str, snapshot: Snapshot) -> Outcome:
         """Dead at once, without an attempt: recorded, and its copy put on ``Q.dead``."""
@@ -278,3 +293,20 @@ class Verdicts:
             f"{message_of(error)}); it is kept under the escaped key {stored_key.message_id!r}"
         )
         return await self.reject(stored_key, "unstorable", detail, snapshot)
+
+
+@dataclass(frozen=True)
+class Met:
+    """A downstream's unavailability, as one delivery met it."""
+
+    error: DownstreamUnavailable
+    breakers: Breakers
+    probe: str | None
+
+    def to_tail(self) -> bool:
+        """Whether its message goes to the queue's tail rather than back where it was: the
+        probe's (the next probe takes the next message), and a call that got no turn while the
+        breaker is closed. Each requeue counts against a quorum queue's delivery limit; a
+        message requeued at every probe of a long outage would reach it."""
+        name = self.error.downstream
+        return self.probe == name or self.breakers.state(name) == "closed"
