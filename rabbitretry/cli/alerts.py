@@ -31,8 +31,9 @@ from rabbitretry.monitoring.alert_content import mask_secret_url, title
 
 app = typer.Typer(
     help=(
-        "Alerts when messages die, a heartbeat goes stale or a queue backs up: stored in the "
-        "database first, then delivered to a webhook (JSON), retried until it accepts."
+        "Alerts when messages die, a heartbeat goes stale, a queue backs up or a downstream's "
+        "breaker opens or closes: stored in the database first, then delivered to a webhook "
+        "(JSON), retried until it accepts."
     ),
     no_args_is_help=True,
 )
@@ -96,6 +97,10 @@ async def deliver(
     database: DatabaseOption = None,
 ) -> None:
     """Check heartbeats and backlog, then send the alerts that are due.
+
+    A downstream's alerts (its breaker opened, then closed) are sent in that
+    order; the "unavailable" one says how many messages wait on the queues
+    that call it (asked of the broker: "unknown" when it cannot be reached).
 
     A refused or failed delivery is retried with a doubling backoff (5 s up
     to 5 min), never given up. Several deliverers may run at once: each alert
@@ -168,6 +173,8 @@ async def list_(
     database: DatabaseOption = None,
 ) -> None:
     """Recent alerts and their delivery state: open (collecting), pending (to send), sent.
+
+    Kinds: dead, heartbeat, backlog, downstream (a breaker opened or closed).
 
     With --json: an array of objects (id, kind, title, queue, group_key, error_type,
     error_message, count, sample_keys, first_seen, last_seen, status, tries, next_try_at,

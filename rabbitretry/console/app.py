@@ -57,6 +57,14 @@ NOTICES = {
     "not-dead": "Nothing done: the message is no longer dead.",
     "ignored-many": "Ignored {count} dead letter(s); Undo below puts them back.",
     "unignored": "Undone: {count} message(s) are dead letters again.",
+    "downstream-held": (
+        "Held open: the consumers that call it stop taking deliveries within a second, and "
+        "no probe is tried. Close it when the service is back."
+    ),
+    "downstream-closed": (
+        "Closed: the consumers that call it take deliveries again within a second; its "
+        "failures count from zero."
+    ),
 }
 
 

@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 BACKOFF_BASE = 5.0
 BACKOFF_CAP = 300.0
+LAST_ERROR_SHOWN = 160  # characters of a downstream's last error in an alert's one line
 
 
 @dataclass(frozen=True)
 class Alert:
     id: int
     kind: str
-    """dead, heartbeat or backlog"""
+    """dead, heartbeat, backlog or downstream"""
     group_key: str
-    """the error fingerprint, heartbeat name or queue"""
+    """the error fingerprint, heartbeat name, queue or downstream"""
     queue: str | None
     error_type: str | None
     error_message: str | None
@@ -40,7 +41,85 @@ def title(alert: Alert) -> str:
         return f"{alert.count} {plural} dead on {alert.queue}: {alert.error_type}"
     if alert.kind == "heartbeat":
         return f"{alert.group_key} heartbeat: {alert.error_message}"
+    if alert.kind == "downstream":
+        return downstream_title(alert)
     return f"backlog on {alert.queue}: {alert.error_message}"
+
+
+def downstream_title(alert: Alert) -> str:
+    """A breaker opened: ``wms unavailable since 22:00:03 UTC (5 failures, last: HTTP 500);
+    1,203 messages waiting on orders.ship``; or closed: ``wms recovered at 22:30:10 UTC after
+    29 min 7 s down (12 failed probes)``. The waiting counts are the deliverer's, in
+    ``detail["waiting"]`` (``[{"queue": ..., "ready": n or null}]``); without them, unknown."""
+    name, detail = alert.group_key, alert.detail
+    if detail.get("state") == "closed":
+        at = moment(detail.get("since"), alert.first_seen)
+        down = (at - moment(detail.get("down_since"), at)).total_seconds()
+        probes = _count(int(detail.get("probes") or 0), "failed probe")
+        return f"{name} recovered at {clock(at)} after {duration(down)} down ({probes})"
+    since = clock(moment(detail.get("since"), alert.first_seen))
+    last = one_line(alert.error_message or "", LAST_ERROR_SHOWN) or "no error text"
+    failures = _count(alert.count, "failure")
+    return f"{name} unavailable since {since} ({failures}, last: {last}); {waiting(detail)}"
+
+
+def waiting(detail: dict[str, Any]) -> str:
+    """``1,203 messages waiting on orders.ship, 5 on orders.bill``; a queue the broker did not
+    count is ``unknown``, and when none was counted: ``messages waiting: unknown``."""
+    found = detail.get("waiting")
+    counts = [
+        (str(entry.get("queue")), entry.get("ready"))
+        for entry in (found if isinstance(found, list) else [])
+        if isinstance(entry, dict)
+    ]
+    known = [(queue, ready) for queue, ready in counts if isinstance(ready, int)]
+    unknown = [queue for queue, ready in counts if not isinstance(ready, int)]
+    if not known:
+        return "messages waiting: unknown"
+    (queue, ready), *others = known
+    parts = [f"{_count(ready, 'message')} waiting on {queue}"]
+    parts += [f"{n:,} on {q}" for q, n in others]
+    parts += [f"{q} unknown" for q in unknown]
+    return ", ".join(parts)
+
+
+def moment(value: object, default: datetime) -> datetime:
+    """A timestamp from an alert's detail (ISO 8601, as PostgreSQL writes it to JSON), in UTC;
+    ``default`` when it is missing or not one."""
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            return default.astimezone(UTC)
+        return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).astimezone(UTC)
+    return default.astimezone(UTC)
+
+
+def clock(at: datetime) -> str:
+    """``22:00:03 UTC``."""
+    return at.astimezone(UTC).strftime("%H:%M:%S UTC")
+
+
+def duration(seconds: float) -> str:
+    """``7 s``, ``29 min 7 s``, ``2 h 5 min``, ``3 d 4 h``: the two largest units."""
+    total = max(0, int(seconds))
+    for size, unit, smaller, small_unit in ((86400, "d", 3600, "h"), (3600, "h", 60, "min")):
+        if total >= size:
+            rest = (total % size) // smaller
+            return f"{total // size} {unit}" + (f" {rest} {small_unit}" if rest else "")
+    if total >= 60:
+        return f"{total // 60} min" + (f" {total % 60} s" if total % 60 else "")
+    return f"{total} s"
+
+
+def one_line(text: str, width: int) -> str:
+    """``text`` on one line (runs of white space as one space), cut to ``width`` with "…"."""
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def payload(alert: Alert) -> dict[str, Any]:

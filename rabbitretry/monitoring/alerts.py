@@ -1,12 +1,16 @@
 """Alerts: stored first, then delivered to a webhook, retried with backoff until it accepts.
 
-Three kinds, all rows of ``rabbitretry.alert``:
+Four kinds, all rows of ``rabbitretry.alert``:
 
 - ``dead``: a trigger on the ledger records every transition to ``dead`` in the transaction
   that makes it, joining the *open* alert of the error fingerprint (one alert per fingerprint
   per window, with a count and sample keys). When the window has closed, a deliverer sends it.
 - ``heartbeat``: a periodic component (the reconciler, this deliverer) is stale or failing.
 - ``backlog``: a work queue holds at least the threshold of ready messages.
+- ``downstream``: a downstream's breaker opened or closed, stored in SQL by the transition
+  itself (one alert per transition). The deliverer adds the messages waiting on the queues
+  that call it (:mod:`~rabbitretry.monitoring.downstream_alerts`), and sends a downstream's
+  alerts in the order they were raised: a refused one holds back the later ones.
 
 Condition alerts (heartbeat, backlog) are raised by the deliverer's checks and repeat at most
 once per ``repeat`` seconds while the condition lasts. Delivery is at least once: several
@@ -29,7 +33,7 @@ from typing import Any
 
 from rabbitretry.db import UNAVAILABLE, Executor, Pool, Record, query
 from rabbitretry.errors import RabbitRetryError
-from rabbitretry.monitoring import heartbeat, levels
+from rabbitretry.monitoring import downstream_alerts, heartbeat, levels
 from rabbitretry.monitoring.alert_content import (
     BACKOFF_BASE,
     Alert,
@@ -83,8 +87,9 @@ async def post_json(url: str, body: dict[str, Any], timeout: float) -> None:
 
 
 async def take_due(executor: Executor, *, window: float, limit: int, lease: float) -> list[Alert]:
+    """The alerts due, oldest first (a downstream's opened before its closed)."""
     rows = await executor.fetch(query("alerts_take"), window, limit, lease)
-    return [alert_of(row) for row in rows]
+    return sorted((alert_of(row) for row in rows), key=lambda alert: alert.id)
 
 
 async def deliver_due(
@@ -95,13 +100,24 @@ async def deliver_due(
     batch_size: int = 50,
     timeout: float = DEFAULT_TIMEOUT,
     retry_base: float = BACKOFF_BASE,
+    amqp_url: str | None = None,
 ) -> RoundStats:
-    """Send every alert that is due; a refused one is tried again after a backoff."""
+    """Send every alert that is due, oldest first; a refused one is tried again after a
+    backoff. ``amqp_url``: the broker to ask how many messages wait on a downstream's queues
+    (without it, or when it cannot be asked, a downstream alert says they are unknown)."""
     stats = RoundStats()
-    # The lease covers the whole batch sent one after another, each call up to `timeout`.
-    lease = 2 * batch_size * timeout + 30
+    # The lease covers the whole batch sent one after another, each call up to `timeout`,
+    # and the broker's count for downstream alerts.
+    lease = 2 * batch_size * timeout + levels.BROKER_TIMEOUT + 30
     alerts = await take_due(pool, window=window, limit=batch_size, lease=lease)
+    alerts = await downstream_alerts.with_waiting(pool, alerts, amqp_url)
+    refused: dict[str, float] = {}  # downstream -> the backoff of its refused alert
     for alert in alerts:
+        group = downstream_alerts.ordered_group(alert)
+        if group is not None and group in refused:
+            # Sent after the older one, or not at all: it waits as long as that one.
+            await pool.execute(query("alerts_hold"), alert.id, refused[group])
+            continue
         try:
             await post_json(webhook_url, payload(alert), timeout)
         except AlertNotDelivered as error:
@@ -118,6 +134,8 @@ async def deliver_due(
             )
             await pool.execute(query("alerts_failed_try"), alert.id, delay, str(error)[:500])
             stats.failed += 1
+            if group is not None:
+                refused[group] = delay
         else:
             await pool.execute(query("alerts_sent"), alert.id)
             log.info("alert %d delivered: %s", alert.id, payload(alert)["text"])
@@ -260,6 +278,7 @@ class AlertDeliverer:
             batch_size=self.batch_size,
             timeout=self.timeout,
             retry_base=self.retry_base,
+            amqp_url=self.amqp_url,
         )
         stats.raised = raised
         return stats

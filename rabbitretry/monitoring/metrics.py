@@ -22,7 +22,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from rabbitretry import db
@@ -37,6 +37,7 @@ from rabbitretry.db import (
 )
 from rabbitretry.delivery.outcome import FINISHED, Outcome
 from rabbitretry.delivery.worker import Health
+from rabbitretry.ledger import downstreams
 from rabbitretry.monitoring import heartbeat, levels
 
 log = logging.getLogger("rabbitretry.monitoring.metrics")
@@ -47,6 +48,7 @@ DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 
 ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50)
 HEALTH_TIMEOUT = 2.0  # seconds /healthz waits for the database's answer
 LEDGER_STATUSES = ("retrying", "processing", "dead")
+DOWNSTREAM_STATES = ("closed", "open", "half-open")
 
 
 class WorkerMetrics:
@@ -128,7 +130,8 @@ class _Fixed(Collector):
 
 
 async def ledger_families(executor: Executor) -> list[Metric]:
-    """Gauges read from the ledger: messages per queue and status, outbox, heartbeats."""
+    """Gauges read from the ledger: messages per queue and status, outbox, heartbeats, and
+    the downstream breakers."""
     messages = GaugeMetricFamily(
         "rabbitretry_ledger_messages",
         "Messages in the ledger by queue and status (retrying, processing, dead).",
@@ -167,7 +170,41 @@ async def ledger_families(executor: Executor) -> list[Metric]:
     for beat in await heartbeat.read_all(executor):
         age.add_metric([beat.name], beat.age(now))
         healthy.add_metric([beat.name], 0 if beat.failing or beat.is_stale(now) else 1)
-    return [messages, outbox_messages, oldest, age, healthy]
+    return [messages, outbox_messages, oldest, age, healthy, *await downstream_families(executor)]
+
+
+async def downstream_families(executor: Executor) -> list[Metric]:
+    """Per downstream breaker (a row of ``rabbitretry.downstream``): its state, how often it
+    opened, its failed probes in the current outage, its failures counted now."""
+    state = GaugeMetricFamily(
+        "rabbitretry_downstream_state",
+        "1 for the downstream breaker's current state (closed, open, half-open), 0 for the others.",
+        labels=["downstream", "state"],
+    )
+    opened = CounterMetricFamily(
+        "rabbitretry_downstream_opened",
+        "How many times the downstream's breaker has opened.",
+        labels=["downstream"],
+    )
+    probes = GaugeMetricFamily(
+        "rabbitretry_downstream_failed_probes",
+        "Probes of the downstream that failed in the current outage (0 while closed).",
+        labels=["downstream"],
+    )
+    failures = GaugeMetricFamily(
+        "rabbitretry_downstream_failures",
+        "Failures of the downstream counted towards its breaker's threshold now (while "
+        "open: those that opened it).",
+        labels=["downstream"],
+    )
+    for row in await downstreams.listing(executor):
+        name = row["name"]
+        for each in DOWNSTREAM_STATES:
+            state.add_metric([name, each], 1 if row["state"] == each else 0)
+        opened.add_metric([name], row["opened"])
+        probes.add_metric([name], 0 if row["state"] == "closed" else row["probes"])
+        failures.add_metric([name], row["failures"])
+    return [state, opened, probes, failures]
 
 
 async def render_ledger_metrics(executor: Executor) -> bytes:

@@ -4,6 +4,9 @@
 -- Alerts due for a delivery try: open dead-letter alerts whose window ($1 seconds) has closed,
 -- and pending alerts coming due, at most $2 of each. Taking one moves its next_try_at a lease
 -- ($3 seconds) ahead, so a deliverer that dies mid-send leaves it to another after the lease.
+-- A downstream's alerts (opened, closed) go out in the order they were raised: one is not
+-- taken while an older one of the same downstream is still to be sent and not taken with it
+-- (backing off, or leased to another deliverer).
 WITH closed AS (
     SELECT id FROM rabbitretry.alert
     WHERE status = 'open' AND first_seen <= now() - make_interval(secs => $1)
@@ -12,12 +15,18 @@ WITH closed AS (
 ), due AS (
     SELECT id FROM rabbitretry.alert
     WHERE status = 'pending' AND next_try_at <= now()
-    ORDER BY next_try_at LIMIT $2
+    ORDER BY next_try_at, id LIMIT $2
     FOR UPDATE SKIP LOCKED
+), taken AS (
+    SELECT id FROM closed UNION ALL SELECT id FROM due
 )
 UPDATE rabbitretry.alert a
 SET status = 'pending', tries = a.tries + 1, next_try_at = now() + make_interval(secs => $3)
-WHERE a.id IN (SELECT id FROM closed UNION ALL SELECT id FROM due)
+WHERE a.id IN (SELECT id FROM taken)
+  AND NOT (a.kind = 'downstream' AND EXISTS (
+      SELECT 1 FROM rabbitretry.alert older
+      WHERE older.kind = 'downstream' AND older.group_key = a.group_key AND older.id < a.id
+        AND older.status = 'pending' AND older.id NOT IN (SELECT id FROM taken)))
 RETURNING a.*;
 
 -- name: alerts_sent
@@ -28,6 +37,19 @@ WHERE id = $1 AND status = 'pending';
 -- The webhook refused alert $1: try again in $2 seconds.
 UPDATE rabbitretry.alert
 SET next_try_at = now() + make_interval(secs => $2), last_error = $3
+WHERE id = $1 AND status = 'pending';
+
+-- name: alerts_hold
+-- Alert $1 was taken, but an older alert of its downstream was just refused: not sent, and
+-- not a try of its own; it waits $2 seconds (and behind the older one, by alerts_take).
+UPDATE rabbitretry.alert
+SET tries = greatest(tries - 1, 0), next_try_at = now() + make_interval(secs => $2)
+WHERE id = $1 AND status = 'pending';
+
+-- name: alerts_note_detail
+-- What the deliverer learnt for alert $1 (the messages waiting on a downstream's queues),
+-- kept with it, so that a retry sends the same text and the listing shows what was sent.
+UPDATE rabbitretry.alert SET detail = detail || $2::jsonb
 WHERE id = $1 AND status = 'pending';
 
 -- name: alerts_lock_group

@@ -2,7 +2,8 @@
 :mod:`rabbitretry.operations` call.
 
 - :mod:`.login`: signing in and out
-- :mod:`.overview`: the landing page and /metrics
+- :mod:`.overview`: the landing page (with the downstream breakers, held open or closed
+  there) and /metrics
 - :mod:`.lists`: messages and error groups, and their export
 - :mod:`.message`: one message
 - :mod:`.actions`: retry, ignore, edit, bulk actions, and the audit and replay-job pages
@@ -35,5 +36,6 @@ def routes() -> list[Route | Mount]:
         Route("/actions/unignore", actions.unignore, methods=["POST"]),
         Route("/actions/ignore", actions.ignore, methods=["POST"]),
         Route("/actions/edit", actions.edit, methods=["POST"]),
+        Route("/actions/downstream", overview.downstream_action, methods=["POST"]),
         Mount("/static", StaticFiles(packages=[("rabbitretry.console", "static")]), name="static"),
     ]

@@ -2,30 +2,37 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from math import ceil
 
 from markupsafe import Markup
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 
 from rabbitretry import db
 from rabbitretry.console import chart
-from rabbitretry.console.app import pool_of, render
+from rabbitretry.console.app import actor_of, pool_of, posted, render
 from rabbitretry.console.views.lists import params_of
 from rabbitretry.monitoring import metrics
+from rabbitretry.monitoring.alert_content import duration
+from rabbitretry.operations import OperationError, downstreams
+from rabbitretry.operations.downstreams import Breaker
 
 CHART_MINUTES = 180
 
 
 async def overview(request: Request) -> Response:
     """The landing page: per queue, what is dead, retrying and in progress, and how the last
-    hours went; the latest alert."""
+    hours went; the latest alert; the downstream breakers."""
     pool = pool_of(request)
     async with pool.acquire() as conn:
         queues = await conn.fetch(db.query("console_overview_queues"))
         minutes = await conn.fetch(db.query("console_overview_minutes"), CHART_MINUTES)
         alerts = await conn.fetch(db.query("alerts_recent"), None, 1)
-    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    breakers = await downstreams.breakers(pool)
+    drawn = datetime.now(UTC)
+    now = drawn.replace(second=0, microsecond=0)
     charts = _charts(minutes, now)
     names = sorted({*(q["queue"] for q in queues), *charts})
     counts = {q["queue"]: q for q in queues}
@@ -36,10 +43,64 @@ async def overview(request: Request) -> Response:
             (name, counts.get(name), charts.get(name) or chart.svg([], name)) for name in names
         ],
         alert=alerts[0] if alerts else None,
+        downstreams=[DownstreamRow.of(breaker, drawn) for breaker in breakers],
         hours=CHART_MINUTES // 60,
         params=params_of(request),
-        now=datetime.now(UTC),
+        now=drawn,
     )
+
+
+@dataclass(frozen=True)
+class DownstreamRow:
+    """A breaker as the overview shows it: the state's words and colour, the next probe."""
+
+    breaker: Breaker
+    state: str
+    """closed, open, half-open, or "open (held)" while an operator holds it open"""
+    level: str
+    """the colour: closed (green), half-open (amber), open (red)"""
+    next_probe: str
+    failed_probes: str
+    """the failed probes of this outage; "-" while closed"""
+
+    @classmethod
+    def of(cls, breaker: Breaker, now: datetime) -> DownstreamRow:
+        closed = breaker.state == "closed" and not breaker.held_open
+        return cls(
+            breaker=breaker,
+            state="open (held)" if breaker.held_open else breaker.state,
+            level="open" if breaker.held_open else breaker.state,
+            next_probe=_next_probe(breaker, now),
+            failed_probes="-" if closed else f"{breaker.probes:,}",
+        )
+
+
+def _next_probe(breaker: Breaker, now: datetime) -> str:
+    if breaker.held_open:
+        return "none until closed"
+    if breaker.state == "half-open":
+        return f"probing ({breaker.probe_worker})"
+    if breaker.state != "open" or breaker.next_probe_at is None:
+        return "-"
+    if breaker.next_probe_at <= now:
+        return "due"
+    return f"in {duration(ceil((breaker.next_probe_at - now).total_seconds()))}"
+
+
+async def downstream_action(request: Request) -> Response:
+    """An operator holds a downstream's breaker open, or closes it; audited, as the CLI's
+    ``rabbitretry downstream open|close``."""
+    form = await posted(request)
+    name = str(form.get("name") or "")
+    reason = str(form.get("reason") or "") or None
+    action = form.get("action")
+    if action == "open":
+        await downstreams.hold_open(pool_of(request), name, actor=actor_of(request), reason=reason)
+        return RedirectResponse("/?notice=downstream-held", status_code=303)
+    if action == "close":
+        await downstreams.close(pool_of(request), name, actor=actor_of(request), reason=reason)
+        return RedirectResponse("/?notice=downstream-closed", status_code=303)
+    raise OperationError("the action must be open or close")
 
 
 def _charts(rows: list[db.Record], now: datetime) -> dict[str, Markup]:
