@@ -15,6 +15,9 @@ handler under the consumer's ``timeout`` with its in-process ``immediate_retries
 retry policy's decision. The library's own code makes each decision, so a test cannot pass
 while a worker would decide otherwise.
 
+:func:`recover` runs a consumer's recover hook (``on_dead``) for a dead message, as a worker
+runs it from ``<queue>.recover``.
+
 ``ctx.transaction()`` yields the ``connection`` you pass: a real asyncpg connection (each try
 runs in a savepoint, committed when the handler succeeds and rolled back when it fails, as a
 worker's transaction would be; open your own transaction around the test and roll it back
@@ -34,10 +37,12 @@ from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel
 
-from rabbitretry.consumer import Consumer, Context, HandlerTransaction
+from rabbitretry.consumer import Consumer, Context, Death, HandlerTransaction
 from rabbitretry.db import Connection, Pool
 from rabbitretry.delivery.attempt import oversize, run_attempt
 from rabbitretry.delivery.outcome import Decided
+from rabbitretry.delivery.recovery import recovery_consumer
+from rabbitretry.delivery.recovery_runs import requested_death, run_headers, run_message_id
 from rabbitretry.delivery.transaction import AttemptTransaction
 from rabbitretry.downstream import Unbroken
 from rabbitretry.errors import RabbitRetryError, TransactionRolledBack
@@ -52,6 +57,7 @@ __all__ = [
     "Result",
     "Sent",
     "handle",
+    "recover",
 ]
 
 Payload = TypeVar("Payload")
@@ -103,11 +109,65 @@ async def handle(
     Raises :class:`MissingConnection` if the handler used ``ctx.transaction()`` without a
     ``connection``; any other exception of the handler is part of the :class:`Result`.
     """
-    consumer_type = type(consumer) if isinstance(consumer, Consumer) else consumer
+    consumer_type = _type_of(consumer)
+    ctx = _context(consumer_type, message_id, attempt, headers)
+    now = now or datetime.now(UTC)
+    steps = _Attempt(ctx, connection, published_at, now, rng or random.Random(0))
+    async with _instance(consumer) as instance:
+        return await steps.run(instance, _encoded(body))
+
+
+async def recover(
+    consumer: type[Consumer[Payload]] | Consumer[Payload],
+    body: Body,
+    *,
+    death: Death | None = None,
+    message_id: str | None = None,
+    attempt: int = 1,
+    replays: int = 0,
+    connection: Any = None,
+    rng: random.Random | None = None,
+) -> Result:
+    """Take one run of ``consumer``'s recover hook (``on_dead``) for the dead message ``body``
+    as run number ``attempt``, the way a worker takes it from ``<queue>.recover``.
+
+    The run goes through the worker's own recover consumer: ``msg`` is None when ``body`` does
+    not validate, the run is retried under ``recover_retry`` (else ``retry``), and its
+    ``ctx`` is the run's (queue ``<queue>.recover``, ``message_id``
+    ``recover:<message_id>:<replays>``). ``death`` is what killed the message; without one it
+    is a ``permanent-error`` of ``message_id`` (default ``"test-message"``) at its first
+    attempt, or ``invalid-payload`` when ``body`` does not validate. ``consumer``, ``body``,
+    ``connection`` and ``rng`` are as for :func:`handle`, and so is the :class:`Result`.
+
+    Raises ``TypeError`` if the consumer has no ``on_dead``, ``ValueError`` for an
+    ``attempt`` outside ``recover_retry``, or a ``death`` of another queue, or both ``death``
+    and ``message_id``, and :class:`MissingConnection` as :func:`handle` does.
+    """
+    encoded = _encoded(body)
+    death = requested_death(_type_of(consumer), encoded, death, message_id)
+    async with _instance(consumer) as owner:
+        runner = recovery_consumer(owner)
+        ctx = _context(
+            runner, run_message_id(death.message_id, replays), attempt, run_headers(death)
+        )
+        steps = _Attempt(ctx, connection, None, datetime.now(UTC), rng or random.Random(0))
+        return await steps.run(runner(), encoded)
+
+
+def _type_of(consumer: type[Consumer[Any]] | Consumer[Any]) -> type[Consumer[Any]]:
+    return type(consumer) if isinstance(consumer, Consumer) else consumer
+
+
+def _context(
+    consumer_type: type[Consumer[Any]],
+    message_id: str,
+    attempt: int,
+    headers: Mapping[str, Any] | None,
+) -> Context:
     max_attempts = consumer_type.retry.max_attempts
     if not 1 <= attempt <= max_attempts:
         raise ValueError(f"attempt must be between 1 and max_attempts ({max_attempts})")
-    ctx = Context(
+    return Context(
         queue=consumer_type.queue,
         message_id=message_id,
         attempt=attempt,
@@ -116,19 +176,18 @@ async def handle(
         headers=dict(headers or {}),
         downstream_calls=Unbroken(consumer_type.downstreams, consumer_type.__name__),
     )
-    steps = _Attempt(
-        ctx,
-        connection,
-        born=published_at,
-        now=now or datetime.now(UTC),
-        rng=rng or random.Random(0),
-    )
+
+
+@contextlib.asynccontextmanager
+async def _instance(consumer: type[Consumer[Any]] | Consumer[Any]) -> AsyncIterator[Consumer[Any]]:
+    """The instance to run: the test's own as it is, or a new one set up and torn down."""
     if isinstance(consumer, Consumer):
-        return await steps.run(consumer, _encoded(body))
+        yield consumer
+        return
     instance = consumer()
     await instance.setup()
     try:
-        return await steps.run(instance, _encoded(body))
+        yield instance
     finally:
         await instance.teardown()
 
@@ -209,7 +268,8 @@ class _FakeTransaction:
         if self._connection is None:
             error = MissingConnection(
                 "the handler called ctx.transaction(), and there is no database in a test: "
-                "pass connection= to testing.handle(), either a real asyncpg connection "
+                "pass connection= to testing.handle() (or testing.recover()), either a real "
+                "asyncpg connection "
                 "inside your test's own transaction, or a fake object to record the calls"
             )
             self.rolled_back_by = error

@@ -34,6 +34,7 @@ def recovery_consumer(owner: Consumer[Any]) -> type[Consumer[Any]]:
         timeout = owner_type.timeout
         lease = owner_type.lease
         database_url = owner_type.database_url
+        downstreams = owner_type.downstreams  # its compensations may call them too
         max_body_bytes = max(owner_type.max_body_bytes, 1)
 
         @classmethod

@@ -1,5 +1,5 @@
-"""One message: its payload, headers, state, attempts and audit trail, with the forms that act
-on it."""
+"""One message: its payload, headers, state, attempts and audit trail, the run of its consumer's
+recover hook, with the forms that act on it."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from starlette.responses import RedirectResponse, Response
 from rabbitretry import ledger, operations
 from rabbitretry.console import display
 from rabbitretry.console.app import config_of, pool_of, render
+from rabbitretry.topology import names
 
 
 async def message(request: Request) -> Response:
@@ -31,6 +32,7 @@ async def message_page(
     if row is None:
         raise HTTPException(404, f"no message {key} in the ledger")
     attempts, audit = await operations.history(pool, key)
+    recovery = await operations.recover_run(pool, key)  # None: no hook, or it has not run
     payload = display.payload(bytes(row["payload"]))
     return render(
         request,
@@ -40,6 +42,8 @@ async def message_page(
         key=key,
         attempts=attempts,
         audit=audit,
+        recovery=recovery,
+        recover_queue=names.recover_queue(key.queue),
         payload=payload,
         draft=(payload.text or "") if draft is None else draft,
         headers=json.dumps(json.loads(row["headers"]), indent=2, sort_keys=True),
