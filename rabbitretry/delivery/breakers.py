@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
-from rabbitretry.db import Pool, answering
+from rabbitretry.db import Pool, answering, is_outage
 from rabbitretry.delivery.limits import Limiter, NoTurn
 from rabbitretry.downstream import Downstream, declared
 from rabbitretry.errors import DownstreamUnavailable
@@ -63,9 +63,15 @@ class Breakers:
 
     async def declare(self, names: Sequence[str], queue: str) -> None:
         """Record, for operators and alerts, that ``queue``'s handlers call ``names``."""
-        if names:
+        if not names:
+            return
+        try:
             async with answering(self.pool) as conn:
                 await rows.declare(conn, names, queue)
+        except Exception as error:
+            if not is_outage(error):
+                raise
+            log.warning("%s: its downstreams could not be recorded (%s)", queue, error)
 
     async def refresh(self) -> None:
         """Read the shared state of every downstream this worker calls."""
@@ -73,12 +79,12 @@ class Breakers:
             return
         async with answering(self.pool) as conn:
             views = await rows.views(conn, list(self.downstreams))
-            if self.limiters:
+            for name in self.downstreams:
+                self._see(name, views.get(name))
+            if self.limiters:  # a write: a read-only ledger keeps the shares as they were
                 shares = await rows.members(conn, list(self.limiters), self.worker, MEMBER_FOR)
                 for name, (members, rank) in shares.items():
                     self.limiters[name].share(members, rank)
-        for name in self.downstreams:
-            self._see(name, views.get(name))
 
     def _see(self, name: str, view: View | None) -> None:
         before = self.state(name)

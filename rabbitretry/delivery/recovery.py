@@ -9,6 +9,7 @@ the consumer, with the dead message and what killed it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,6 +18,8 @@ import pydantic
 from rabbitretry import db
 from rabbitretry.consumer import Consumer, Context, Death
 from rabbitretry.ledger import recover_hooks
+
+log = logging.getLogger("rabbitretry.worker")
 
 RECOVER_OF = "x-rabbitretry-recover-of"
 
@@ -82,11 +85,32 @@ async def recovery_consumers(
     hooks = []
     for instance in instances:
         consumer_type = type(instance)
-        async with pools[consumer_type.database_url].acquire() as conn:
-            if not consumer_type.has_recover_hook():
-                await recover_hooks.unregister(conn, consumer_type.queue)
-                continue
-            recovery = recovery_consumer(instance)
-            await recover_hooks.register(conn, consumer_type.queue, recovery.queue)
-        hooks.append(recovery())
+        wanted = consumer_type.recover_queue().name if consumer_type.has_recover_hook() else None
+        await _registered(pools[consumer_type.database_url], consumer_type.queue, wanted)
+        if wanted is not None:
+            hooks.append(recovery_consumer(instance)())
     return hooks
+
+
+async def _registered(pool: db.Pool, queue: str, wanted: str | None) -> None:
+    """Make the registry say ``wanted`` for ``queue``, writing only if it says otherwise. A
+    ledger that refuses the write (a read-only standby) is logged, not fatal: the worker
+    still consumes, and the next start records it."""
+    async with pool.acquire() as conn:
+        if await recover_hooks.registered(conn, queue) == wanted:
+            return
+        try:
+            if wanted is None:
+                await recover_hooks.unregister(conn, queue)
+            else:
+                await recover_hooks.register(conn, queue, wanted)
+        except Exception as error:
+            if not db.is_outage(error):
+                raise
+            log.warning(
+                "%s: its recover hook could not be %s (%s): dead messages %s",
+                queue,
+                "recorded" if wanted else "removed",
+                error,
+                "get no run until a worker records it" if wanted else "still get a run",
+            )

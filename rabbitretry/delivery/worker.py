@@ -266,7 +266,10 @@ class Worker:
             await view.declare(valve.downstreams, valve.queue)
             valves.append(valve)
         for view in breakers.values():
-            await view.refresh()
+            try:
+                await view.refresh()
+            except Exception as error:  # the watcher tries again every second
+                log.warning("the downstream breakers could not be read yet (%s)", error)
         for valve in valves:
             await valve.settle()
         if any(view.downstreams for view in breakers.values()):

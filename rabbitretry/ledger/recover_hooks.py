@@ -10,6 +10,12 @@ from __future__ import annotations
 from rabbitretry.db import Executor, Record, query
 
 
+async def registered(executor: Executor, queue: str) -> str | None:
+    """The recover queue registered for ``queue``, if any."""
+    found: str | None = await executor.fetchval(query("recover_hook_of"), queue)
+    return found
+
+
 async def register(executor: Executor, queue: str, recover_queue: str) -> None:
     """From now on, a message of ``queue`` that ends dead gets a run in ``recover_queue``."""
     await executor.execute(query("recover_hook_register"), queue, recover_queue)

@@ -18,3 +18,6 @@ JOIN rabbitretry.ledger l ON l.queue = h.recover_queue
 WHERE h.queue = $1 AND l.message_id LIKE 'recover:%' AND l.headers->>'x-rabbitretry-recover-of' = $2
 ORDER BY l.first_seen DESC
 LIMIT 1;
+
+-- name: recover_hook_of
+SELECT recover_queue FROM rabbitretry.recover_hook WHERE queue = $1;
