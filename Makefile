@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 
 .PHONY: help venv demo demo-shop demo-payments test test-unit fuzz lint services clean drill bench \
-	bench-quick cluster cluster-stop drill-cluster
+	bench-quick cluster cluster-stop drill-cluster drill-downstream
 
 help:
 	@echo "make demo      run the demo against the local RabbitMQ and PostgreSQL (installs only the package)"
@@ -22,6 +22,8 @@ help:
 	@echo "make cluster   a 3-node RabbitMQ cluster on this machine (rr1..rr3@localhost, AMQP ports"
 	@echo "               5701-5703; scripts/cluster.sh); make cluster-stop stops it, removes its data"
 	@echo "make drill-cluster  the fault drill on that cluster: 3 workers, a node and a worker lost"
+	@echo "make drill-downstream  the WMS outage drill: a stub WMS down 60 s under 1,500 orders, the"
+	@echo "               breaker's goal checked (DRILL_ARGS=\"--mode plain\": plain retries; --help)"
 	@echo "make services  bring RabbitMQ and PostgreSQL up: Docker, else the installed services"
 	@echo "               (scripts/services.sh; demo, test, fuzz, drill and bench do it themselves)"
 	@echo "make venv      the development environment: the package with the dev extras"
@@ -63,6 +65,10 @@ drill: venv services
 # Needs the cluster (make cluster); never touches the broker on 5672.
 drill-cluster: venv services
 	$(BIN)/python -m drills --cluster $(DRILL_ARGS)
+
+# A downstream outage (docs/drills.md); leaves the broker and PostgreSQL as they are.
+drill-downstream: venv services
+	$(BIN)/python -m drills --downstream $(DRILL_ARGS)
 
 lint: venv
 	$(BIN)/ruff check rabbitretry tests examples drills bench

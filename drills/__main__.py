@@ -11,7 +11,7 @@ import random
 import signal
 import sys
 
-from drills import private_postgres
+from drills import downstream, private_postgres
 from drills.cluster import ClusterDown, ClusterDrillConfig, run_cluster_drill
 from drills.drill import DATABASE_CRASH_ENV, DrillConfig, DrillResult, run_drill
 from rabbitretry.settings import DEFAULT_AMQP_URL, DEFAULT_DATABASE_URL
@@ -76,6 +76,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             "queue, a worker per node, two reconcilers and two outbox relays; stop the node "
             "leading the work queue and start it again, SIGKILL one worker (it never touches "
             "the broker on 5672, nor crashes a database)"
+        ),
+    )
+    parser.add_argument(
+        "--downstream",
+        action="store_true",
+        help=(
+            "the WMS outage drill instead: a stub WMS down for 60 s under 1,500 orders "
+            "(its options: python -m drills --downstream --help)"
         ),
     )
     parser.add_argument(
@@ -159,7 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     # The publisher's reconnects while the broker is away are expected: keep them quiet.
     for name in ("aio_pika", "aiormq"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    config = config_from(parse_args(sys.argv[1:] if argv is None else argv))
+    argv = sys.argv[1:] if argv is None else argv
+    if "--downstream" in argv:  # a drill of its own, with its own options
+        return downstream.main([arg for arg in argv if arg != "--downstream"])
+    config = config_from(parse_args(argv))
     print(f"drill: seed {config.seed} (replay with --seed {config.seed})", flush=True)
     try:
         result = asyncio.run(main_async(config))
