@@ -99,7 +99,7 @@ CREATE TABLE rabbitretry.attempt (
     PRIMARY KEY (queue, message_id, attempt),
     FOREIGN KEY (queue, message_id) REFERENCES rabbitretry.ledger (queue, message_id)
         ON DELETE CASCADE
-);
+) WITH (fillfactor = 80);
 
 -- Close the open attempt `p_attempt` of a key whose lease ran out: 'crashed' (WorkerLost) when
 -- its handler had started (the worker died or stalled inside it: it counts, so that a message
@@ -532,9 +532,11 @@ CREATE TABLE rabbitretry.downstream_member (
     PRIMARY KEY (name, worker)
 );
 
--- The attempts a trip forgives: charged failures of one downstream, by when they ended.
-CREATE INDEX attempt_downstream_idx ON rabbitretry.attempt (downstream, finished_at)
-    WHERE downstream IS NOT NULL AND outcome = 'retry';
+-- The attempts a trip forgives: charged failures of one downstream, by when their retry was
+-- due. Its columns are set once, by the failure, so that the start mark and the finish of
+-- every other attempt stay HOT updates (no index entry written).
+CREATE INDEX attempt_downstream_idx ON rabbitretry.attempt (downstream, retry_at)
+    WHERE downstream IS NOT NULL;
 
 -- A call to downstream `p_name` failed, in attempt `p_attempt` of (`p_queue`,
 -- `p_message_id`) (recorded first, if it was charged). Counted while closed; the failure that
@@ -605,6 +607,8 @@ BEGIN
     WITH forgiven AS (
         UPDATE rabbitretry.attempt a SET outcome = 'deferred'
         WHERE a.downstream = p_name AND a.outcome = 'retry'
+          -- retry_at (when the retry was due) is never before finished_at: the index's key
+          AND a.retry_at >= clock_timestamp() - make_interval(secs => p_window)
           AND a.finished_at >= clock_timestamp() - make_interval(secs => p_window)
         RETURNING a.queue, a.message_id
     ), per_key AS (
@@ -711,7 +715,7 @@ CREATE TRIGGER ledger_recover_on_dead
 -- Migrations ---------------------------------------------------------------------------------
 
 -- The migrations applied (rabbitretry.db.migrate writes a row per migration); these rows say
--- that this schema stands for migrations 0001 to 0012.
+-- that this schema stands for migrations 0001 to 0013.
 CREATE TABLE rabbitretry.schema_migration (
     version     integer     PRIMARY KEY,
     name        text        NOT NULL,
@@ -729,4 +733,5 @@ INSERT INTO rabbitretry.schema_migration (version, name) VALUES
     (9, 'claim_lease'),
     (10, 'handler_started'),
     (11, 'downstreams'),
-    (12, 'recover_hooks');
+    (12, 'recover_hooks'),
+    (13, 'hot_attempts');
