@@ -149,6 +149,12 @@ def outage_kind(error: BaseException) -> str:
         return "starting up or recovering"
     if isinstance(error, asyncpg.OperatorInterventionError):
         return "shutting down (or an administrator ended the session)"
+    if isinstance(error, asyncpg.TooManyConnectionsError):
+        return "out of connections (too many connections for the server, database or role)"
+    if isinstance(error, asyncpg.DiskFullError):
+        return "out of resources (a full disk)"
+    if isinstance(error, asyncpg.OutOfMemoryError):
+        return "out of resources (no memory)"
     if isinstance(error, asyncpg.InsufficientResourcesError):
         return "out of resources (too many connections, a full disk or no memory)"
     if is_lost_race(error):
