@@ -11,11 +11,29 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from rabbitretry.errors import Permanent, Retry
 
 ExceptionTypes = tuple[type[BaseException], ...]
+
+MAX_DELAY = 46 * 3600.0
+"""The longest delay any policy may set, in seconds (46 hours), whatever its ``max_delay``.
+
+A retry's copy waits in the delay chain, whose longest park is about 46.6 hours
+(``topology.delays.MAX_DELAY_SECONDS``): a delay within this bound leaves the chain once, when
+due. ``ledger prune``'s shortest window (3 days) outlasts it, so a copy always finds its row."""
+
+MAX_IMMEDIATE_DELAY = 60.0
+"""The longest in-process pause between immediate retries: a longer wait holds a consumer slot
+and belongs in the delay chain (``initial_delay``)."""
+
+_BOUNDS = {
+    "initial_delay": MAX_DELAY,
+    "max_delay": MAX_DELAY,
+    "immediate_delay": MAX_IMMEDIATE_DELAY,
+    "multiplier": math.inf,
+}
 
 
 @dataclass(frozen=True)
@@ -40,6 +58,10 @@ class RetryPolicy(BaseModel):
     its own delay if it gives one); an instance of ``permanent_on`` → dead; with ``retry_on``
     unset every other exception is retried, otherwise only instances of ``retry_on`` are.
 
+    ``initial_delay`` and ``max_delay`` are finite and at most :data:`MAX_DELAY` (46 hours, what
+    the delay chain holds), ``immediate_delay`` at most :data:`MAX_IMMEDIATE_DELAY`: a policy
+    outside those bounds is refused where it is made, with the reason.
+
     ``immediate_retries`` re-runs the handler in-process that many times (``immediate_delay``
     apart) before the attempt counts as failed: cheap cover for blips such as a dropped
     connection, without a trip through the broker.
@@ -56,6 +78,31 @@ class RetryPolicy(BaseModel):
     permanent_on: ExceptionTypes = ()
     immediate_retries: int = Field(default=0, ge=0, le=10)
     immediate_delay: float = Field(default=0.05, ge=0)
+
+    @field_validator(*_BOUNDS, mode="before")
+    @classmethod
+    def _finite(cls, value: object, info: ValidationInfo) -> object:
+        """NaN and infinity are refused first, with a reason (NaN fails every comparison)."""
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(_not_finite(info.field_name, value))
+        return value
+
+    @field_validator(*_BOUNDS)
+    @classmethod
+    def _bounded(cls, value: float, info: ValidationInfo) -> float:
+        name = info.field_name or ""
+        if not math.isfinite(value):  # a text such as "inf", parsed
+            raise ValueError(_not_finite(name, value))
+        if value > _BOUNDS[name]:
+            raise ValueError(
+                f"{name} ({value} s) is over the bound of {_BOUNDS[name]:.0f} s"
+                + (
+                    " (46 hours, rabbitretry.retry.MAX_DELAY): the delay chain holds no longer wait"
+                    if _BOUNDS[name] == MAX_DELAY
+                    else ": a longer pause belongs in the delay chain (initial_delay)"
+                )
+            )
+        return value
 
     @model_validator(mode="after")
     def _delays_consistent(self) -> RetryPolicy:
@@ -113,3 +160,8 @@ class RetryPolicy(BaseModel):
         if math.isfinite(delay) and delay < 0:
             return Decision("retry", delay=0.0, capped_from=delay)
         return Decision("retry", delay=self.max_delay, capped_from=delay)
+
+
+def _not_finite(name: str | None, value: object) -> str:
+    unit = "" if name == "multiplier" else " of seconds"
+    return f"{name} must be a finite number{unit}, not {value!r}"

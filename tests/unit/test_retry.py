@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from rabbitretry.errors import Permanent, Retry
-from rabbitretry.retry import Decision, RetryPolicy
+from rabbitretry.retry import MAX_DELAY, Decision, RetryPolicy
 
 
 class Transient(Exception):
@@ -318,3 +318,73 @@ def test_retry_keeps_its_reason_and_delay() -> None:
     assert str(error) == "rate limited"
     assert error.delay == 2.5
     assert Retry().delay is None
+
+
+# --- the absolute bound on delays -----------------------------------------------------------
+
+
+def test_the_absolute_bound_fits_the_delay_chain_and_the_retention_window() -> None:
+    from rabbitretry.ledger.retention import MIN_WINDOW
+    from rabbitretry.topology import delays
+
+    assert MAX_DELAY == 46 * 3600
+    # A copy waiting the longest delay allowed leaves the chain once, when due, never early.
+    assert delays.ticks(MAX_DELAY) < delays.MAX_TICKS
+    assert MAX_DELAY < delays.MAX_DELAY_SECONDS
+    assert MIN_WINDOW.total_seconds() > MAX_DELAY  # its row is still there when it returns
+
+
+@pytest.mark.parametrize(
+    ("settings", "reason"),
+    [
+        ({"max_delay": float("inf")}, r"max_delay must be a finite number of seconds, not inf"),
+        ({"max_delay": float("nan")}, r"max_delay must be a finite number of seconds, not nan"),
+        ({"max_delay": "inf"}, r"max_delay must be a finite number of seconds, not inf"),
+        ({"max_delay": -1.0}, r"greater than 0"),
+        ({"max_delay": 1e300}, r"max_delay \(1e\+300 s\) is over the bound of 165600 s"),
+        ({"max_delay": MAX_DELAY + 1}, r"max_delay \(165601.0 s\) is over the bound"),
+        (
+            {"initial_delay": float("inf")},
+            r"initial_delay must be a finite number of seconds, not inf",
+        ),
+        (
+            {"initial_delay": float("nan")},
+            r"initial_delay must be a finite number of seconds, not nan",
+        ),
+        ({"initial_delay": -0.5}, r"greater than or equal to 0"),
+        ({"initial_delay": 1e9, "max_delay": 1e9}, r"initial_delay \(1000000000.0 s\) is over"),
+        ({"multiplier": float("inf")}, r"multiplier must be a finite number, not inf"),
+        ({"multiplier": float("nan")}, r"multiplier must be a finite number, not nan"),
+        ({"immediate_delay": float("inf")}, r"immediate_delay must be a finite number"),
+        ({"immediate_delay": 61.0}, r"immediate_delay \(61.0 s\) is over the bound of 60 s"),
+    ],
+    ids=lambda value: repr(value) if isinstance(value, dict) else "",
+)
+def test_a_delay_setting_no_chain_can_hold_is_refused_with_its_reason(
+    settings: dict[str, Any], reason: str
+) -> None:
+    with pytest.raises(ValidationError, match=reason):
+        RetryPolicy(**settings)
+
+
+def test_an_absurd_policy_fails_at_class_definition() -> None:
+    from rabbitretry import Consumer, Context
+
+    with pytest.raises(ValidationError, match=r"max_delay must be a finite number"):
+
+        class Forever(Consumer[dict[str, Any]]):
+            retry = RetryPolicy(max_delay=float("inf"))
+
+            async def handle(self, msg: dict[str, Any], ctx: Context) -> None:
+                pass
+
+
+def test_the_largest_delay_allowed_is_accepted_and_caps_a_retry() -> None:
+    policy = RetryPolicy(max_attempts=3, initial_delay=MAX_DELAY, max_delay=MAX_DELAY, jitter=0.5)
+    assert policy.delay_after(1) == MAX_DELAY
+    assert policy.decide(Retry(delay=1e300), 1) == Decision(
+        "retry", delay=MAX_DELAY, capped_from=1e300
+    )
+    assert RetryPolicy(multiplier=1e6, max_attempts=1000, max_delay=MAX_DELAY).backoff(999) == (
+        MAX_DELAY
+    )
