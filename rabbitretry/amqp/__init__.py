@@ -6,6 +6,8 @@
 - :mod:`~rabbitretry.amqp.probe`: declarations the broker may refuse (:class:`Prober`);
 - :mod:`~rabbitretry.amqp.confirms`: publishing with confirms and ``mandatory``
   (:class:`ConfirmingPublisher`);
+- :mod:`~rabbitretry.amqp.frame_size`: whether a message's headers fit in one frame of its
+  connection (checked by the publisher before sending);
 - :mod:`~rabbitretry.amqp.properties`: the AMQP properties a republished copy keeps;
 - :mod:`~rabbitretry.amqp.lenient_frames`: decoding what a foreign producer sends that the
   codec would refuse (installed on import).

@@ -24,6 +24,7 @@ import aiormq
 from aio_pika.abc import DeliveryMode
 
 from rabbitretry.amqp.connection import CHANNEL_ERRORS, Channel, Connection, is_up
+from rabbitretry.amqp.frame_size import frame_max, why_over_a_frame
 from rabbitretry.amqp.probe import Prober
 from rabbitretry.errors import (
     ConnectionLost,
@@ -191,6 +192,11 @@ class ConfirmingPublisher:
 
     async def _publish(self, message: aio_pika.Message, exchange: str, routing_key: str) -> None:
         channel = await self._ready_channel()
+        # Checked on the connection the message goes out on: one over its frame size would
+        # close that connection under every publish in flight on it.
+        too_large = why_over_a_frame(message, message.message_id or "", frame_max(self._connection))
+        if too_large is not None:
+            raise UnpublishableError(too_large)
         target = (
             channel.default_exchange
             if exchange == ""

@@ -12,7 +12,10 @@ The limits are those of the protocol and of pamqp, the encoder under aio-pika:
 * header values are booleans, 64-bit signed integers, finite floats, decimals, text,
   timestamps, ``bytearray``, ``None``, and lists and tables of those. ``bytes`` and other
   types are refused by the encoder; a NaN or an infinity is encoded, but RabbitMQ answers
-  it by closing the publisher's whole *connection* (541 INTERNAL_ERROR), so it is refused here.
+  it by closing the publisher's whole *connection* (541 INTERNAL_ERROR), so it is refused here;
+* the properties and headers together must fit in one frame of the connection (its
+  ``frame_max``): that depends on the connection, so the confirming publisher checks it
+  (:mod:`rabbitretry.amqp.frame_size`), and refuses the message the same way.
 """
 
 from __future__ import annotations

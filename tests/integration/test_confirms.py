@@ -7,6 +7,7 @@ was sent on (404), and every publish in flight on that channel fails with the sa
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 
 import pytest
@@ -97,3 +98,37 @@ async def test_an_exchange_deleted_after_its_lookup_is_refused_and_looked_up_aga
     await (await channel.declare_queue(queue_name, passive=True)).bind(gone)
     assert await publish_all(publisher, [("again", gone, "")]) == [None]
     assert await drain(amqp_url, queue_name) == ["first", "next", "again"]
+
+
+OVER_A_FRAME = {"big": "x" * 200_000}  # RabbitMQ's default frame_max is 131,072 bytes
+
+
+async def test_a_header_table_over_the_frame_size_is_refused_alone_and_the_connection_lives(
+    amqp_url: str,
+    publisher: ConfirmingPublisher,
+    queue_name: str,
+    amqp_connection: Connection,
+    broker_cleanup: BrokerCleanup,
+) -> None:
+    """A content header that does not fit in one frame makes RabbitMQ close the whole
+    connection (FRAME_ERROR, frame_too_large): every publish in flight on it failed as a lost
+    connection, an outage, retried for ever. It is content: refused before it is sent."""
+    await declare(
+        amqp_connection, broker_cleanup.topology(Topology(queues=[WorkQueue(name=queue_name)]))
+    )
+    results = await asyncio.gather(
+        publisher.publish(b"{}", routing_key=queue_name, message_id="m0"),
+        publisher.publish(b"{}", routing_key=queue_name, message_id="big", headers=OVER_A_FRAME),
+        publisher.publish(b"{}", routing_key=queue_name, message_id="m2"),
+        return_exceptions=True,
+    )
+    assert [type(r).__name__ for r in results] == ["NoneType", "UnpublishableError", "NoneType"]
+    assert re.fullmatch(
+        r"message 'big' cannot be published: its properties and headers take 2000\d\d bytes, "
+        r"more than one frame of this connection holds \(131072 bytes, the frame_max the broker "
+        r"set\); RabbitMQ would close the connection",
+        str(results[1]),
+    ), str(results[1])
+    assert publisher.available
+    await publisher.publish(b"{}", routing_key=queue_name, message_id="m3")
+    assert sorted(await drain(amqp_url, queue_name)) == ["m0", "m2", "m3"]

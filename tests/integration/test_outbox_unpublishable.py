@@ -269,3 +269,26 @@ async def test_a_row_whose_exchange_does_not_exist_fails_alone_and_stops_nothing
     assert (rows["lost"]["status"], rows["lost"]["tries"]) == ("failed", 2)
     assert rows["good-6"]["status"] == "sent"
     assert sorted(await drain(amqp_url, work_queue)) == [f"good-{n}" for n in range(1, 7)]
+
+
+async def test_a_row_whose_headers_do_not_fit_in_a_frame_fails_alone_and_closes_nothing(
+    amqp_url: str, pool: asyncpg.Pool, work_queue: str, publisher: ConfirmingPublisher
+) -> None:
+    """A header table over the connection's frame_max made RabbitMQ close the connection:
+    the whole batch failed as a lost connection, the row stayed pending, uncounted, and did
+    the same on every pass. It is content: failed at once, and its neighbours are sent."""
+    await enqueue(pool, "good-1", work_queue)
+    await enqueue(pool, "huge", work_queue, headers={"big": "x" * 200_000})
+    await enqueue(pool, "good-2", work_queue)
+    relay = OutboxRelay(pool, amqp_url, max_tries=5, initial_backoff=60.0)
+
+    assert await relay.relay_once(publisher) == 3
+    assert publisher.available
+    rows = await rows_by_id(pool)
+    assert {key: (row["status"], row["tries"]) for key, row in rows.items()} == {
+        "good-1": ("sent", 1),
+        "huge": ("failed", 1),
+        "good-2": ("sent", 1),
+    }
+    assert "more than one frame of this connection holds" in rows["huge"]["last_error"]
+    assert sorted(await drain(amqp_url, work_queue)) == ["good-1", "good-2"]
