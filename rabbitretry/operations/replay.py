@@ -5,6 +5,11 @@ while it runs are not swept in (the cutoff), and ``before`` can move the cutoff 
 Each message is replayed by :func:`rabbitretry.operations.dead_letter.replay_one`, which keeps
 its guarantees (row lock, confirmed publish, never two live copies); this module decides the
 order, the pace and when to stop, and reports what was done.
+
+A replay the broker refuses (its work queue gone, so the copy comes back unroutable; a header
+table too large for a frame) names that message alone: it stays dead as it was, the broker's
+reason goes into the report, and the replay goes on with the next. A lost connection is not a
+refusal: it ends the replay, and the messages not yet replayed stay dead.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import pydantic
 
 from rabbitretry import amqp, ledger
 from rabbitretry.db import Pool, query
+from rabbitretry.errors import ConnectionLost, PublishError, UnpublishableError
 from rabbitretry.operations.audit import audit, queue_of
 from rabbitretry.operations.dead_letter import replay_one
 from rabbitretry.operations.errors import OperationError
@@ -64,16 +70,22 @@ class ReplayReport:
     targets: int
     replayed: int = 0
     skipped: int = 0
+    failed: int = 0
+    """Messages the broker refused: left dead, each with its reason in ``failures``."""
     canary: str | None = None
     """The canary's key and final status, e.g. ``orders/42 succeeded``."""
     stopped: str | None = None
     keys: list[str] = field(default_factory=list)
     """The first replayed keys (at most ``KEYS_KEPT``)."""
+    failures: list[str] = field(default_factory=list)
+    """``key: the broker's reason`` for the first refused messages (at most ``KEYS_KEPT``)."""
 
     def summary(self) -> str:
         text = f"replayed {self.replayed} of {self.targets}"
         if self.skipped:
             text += f", {self.skipped} no longer dead (skipped)"
+        if self.failed:
+            text += f", {self.failed} refused by the broker (left dead)"
         if self.canary:
             text += f"; canary {self.canary}"
         if self.stopped:
@@ -144,14 +156,9 @@ async def replay(
     batch = (batch or secrets.token_hex(6)) if len(targets) > 1 else None
     if canary and rest:
         first = rest.pop(0)
-        await _replay_counted(pool, sender, first, actor, report, batch)
-        status = await wait_finished(pool, first, timeout=canary_timeout)
-        report.canary = f"{first} {status or 'unfinished'}"
-        if status != "succeeded":
-            report.stopped = (
-                f"the canary {first} is {status or f'not finished after {canary_timeout:g} s'}"
-                f"; {len(rest)} left dead"
-            )
+        report.stopped = await _canary(pool, sender, first, actor, report, batch, canary_timeout)
+        if report.stopped is not None:
+            report.stopped += f"; {len(rest)} left dead"
             rest = []
         if on_progress:
             on_progress(report)
@@ -174,6 +181,27 @@ async def replay(
     return report
 
 
+async def _canary(
+    pool: Pool,
+    sender: amqp.ConfirmingPublisher,
+    first: ledger.Key,
+    actor: str,
+    report: ReplayReport,
+    batch: str | None,
+    timeout: float,
+) -> str | None:
+    """Replay the canary and wait for its outcome; why the others must not follow, if so."""
+    refused = await _replay_counted(pool, sender, first, actor, report, batch)
+    if refused is not None:
+        report.canary = f"{first} refused"
+        return f"the canary {first} was refused by the broker: {refused}"
+    status = await wait_finished(pool, first, timeout=timeout)
+    report.canary = f"{first} {status or 'unfinished'}"
+    if status == "succeeded":
+        return None
+    return f"the canary {first} is {status or f'not finished after {timeout:g} s'}"
+
+
 async def _replay_counted(
     pool: Pool,
     sender: amqp.ConfirmingPublisher,
@@ -181,13 +209,25 @@ async def _replay_counted(
     actor: str,
     report: ReplayReport,
     batch: str | None,
-) -> None:
-    if await replay_one(pool, sender, key, actor=actor, batch=batch):
+) -> str | None:
+    """Replay ``key`` and count it; the broker's reason if it refused the message (which
+    stays dead: its row lock's transaction wrote nothing)."""
+    try:
+        replayed = await replay_one(pool, sender, key, actor=actor, batch=batch)
+    except ConnectionLost:
+        raise  # the broker is away: every next replay would fail too
+    except (PublishError, UnpublishableError) as error:
+        report.failed += 1
+        if len(report.failures) < KEYS_KEPT:
+            report.failures.append(f"{key}: {error}")
+        return str(error)
+    if replayed:
         report.replayed += 1
         if len(report.keys) < KEYS_KEPT:
             report.keys.append(str(key))
     else:
         report.skipped += 1
+    return None
 
 
 async def wait_finished(

@@ -9,7 +9,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from rabbitretry import Consumer
+from rabbitretry import Consumer, amqp
 from tests.acceptance.cli_runner import (  # noqa: F401 (fixtures, requested by name)
     Run,
     broker_cleanup_fixture,
@@ -234,3 +234,43 @@ async def test_text_from_a_producer_is_shown_as_written(
     assert listed.returncode == 0, listed.stderr
     assert "[/oops][bold]k[/bold][U+001B][31m" in listed.stdout
     assert "\x1b" not in listed.stdout
+
+
+async def test_a_replay_the_broker_refuses_is_listed_left_dead_and_exits_1(
+    amqp_url: str,
+    database_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+    rabbitretry: Run,
+) -> None:
+    """One queue's work queue was deleted: its dead letters come back unroutable. The others
+    are replayed; the refused one is listed with the broker's reason, and stays dead."""
+
+    class Broken(Switch):
+        broken = True
+
+    kept = orders_consumer(queue_name, Broken)
+    gone = orders_consumer(f"{queue_name}.gone", Broken)
+    cleanup += [kept, gone]
+    async with dead_letters(gone, amqp_url, database_url, pool, {"g-1": {"order": 1}}):
+        pass
+    async with dead_letters(kept, amqp_url, database_url, pool, {"k-1": {"order": 2}}):
+        pass
+    connection = await amqp.connect(amqp_url)
+    try:
+        channel = await connection.channel()
+        await channel.queue_delete(gone.queue)
+    finally:
+        await connection.close()
+
+    done = await rabbitretry("dead", "replay", "--all")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "replayed 1 of 2, 1 refused by the broker (left dead)" in done.stdout
+    assert (
+        f"refused: {gone.queue}/g-1: no queue is bound for exchange '(default)' with routing "
+        f"key '{gone.queue}'" in done.stdout
+    )
+    assert "Traceback" not in done.stderr
+    assert await status_of(pool, gone.queue, "g-1") == "dead"
+    assert await status_of(pool, queue_name, "k-1") == "retrying"

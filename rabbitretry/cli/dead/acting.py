@@ -20,10 +20,13 @@ from rabbitretry.cli.common import (
     parse_time,
     run_async,
     settings,
+    shown,
 )
 from rabbitretry.cli.dead import printing
 from rabbitretry.cli.dead.selection import QueueOption, actor, dead_key, find
 from rabbitretry.db import Pool
+
+FAILURES_SHOWN = 20  # refused messages listed, each with the broker's reason
 
 
 @run_async
@@ -85,6 +88,10 @@ async def replay(
     messages is taken once, at the start. Each replay is recorded in the audit table, and
     replaying a message twice never creates two live copies. A worker must be running for
     --canary to see its outcome.
+
+    A message the broker refuses (its work queue deleted, headers too large for a frame) is
+    listed with the broker's reason and stays dead; the others are replayed. Exits 1 if any
+    was refused or a canary stopped the replay.
     """
     if not keys and queue is None and group is None and error is None and not all_:
         raise UserError("say what to replay: KEYs, --group FINGERPRINT, --queue QUEUE, or --all")
@@ -124,7 +131,11 @@ async def replay(
     finally:
         await pool.close()
     out.print(report.summary())
-    if report.stopped:
+    for failure in report.failures[:FAILURES_SHOWN]:
+        out.print(f"refused: {shown(failure)}", highlight=False)
+    if report.failed > FAILURES_SHOWN:
+        out.print(f"... and {report.failed - FAILURES_SHOWN} more refused", highlight=False)
+    if report.stopped or report.failed:
         raise typer.Exit(1)
 
 

@@ -34,6 +34,8 @@ async def replay(request: Request) -> Response:
     if len(keys) == 1 and not canary:
         async with operations.sender(config_of(request).amqp_url) as sender:
             done = await operations.replay(pool, sender, keys, actor=actor_of(request))
+        if done.failures:  # the broker refused it: still dead, and the page says why
+            raise OperationError(f"not retried, it stays dead: {done.failures[0]}")
         return to_message(keys[0], "retried" if done.replayed else "not-dead")
     targets = await operations.replay_targets(pool, keys=keys)
     title = f"retry {len(keys)} selected message(s)"
