@@ -2,7 +2,8 @@
 
 Each refusal is made real on a scratch database: ``default_transaction_read_only`` (what a
 hot standby answers after a failover), ``ALLOW_CONNECTIONS false`` with its sessions ended
-(an administrator's shutdown, then "not accepting connections").
+(an administrator's shutdown, then "not accepting connections"), ``CONNECTION LIMIT 0`` on a
+role of the test's own ("too many connections", 53300).
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
@@ -30,6 +32,7 @@ pytestmark = pytest.mark.asyncio
 
 MESSAGES = 4
 GATE_LOG = "deliveries pause"
+PROBE_REFUSED = "is still unreachable"
 
 
 class Item(BaseModel):
@@ -246,3 +249,87 @@ async def test_the_console_answers_503_on_a_read_only_ledger(
         response: httpx.Response = await post(client, "/logout", {"csrf": csrf})
     assert response.status_code == 503, response.text
     assert "read-only" in response.text
+
+
+@contextlib.asynccontextmanager
+async def limited_role(server_database_url: str, database_url: str) -> AsyncIterator[str]:
+    """A login role of this test's own that may read and write every table (not a superuser:
+    connection limits do not bind one); yields ``database_url`` as that role. Dropped after."""
+    role = f"rabbitretry_limited_{secrets.token_hex(4)}"
+    await alter(
+        server_database_url,
+        f"CREATE ROLE {role} LOGIN; GRANT pg_read_all_data, pg_write_all_data TO {role}",
+    )
+    parts = urlsplit(database_url)
+    host = f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
+    try:
+        yield urlunsplit(parts._replace(netloc=f"{role}@{host}"))
+    finally:
+        await alter(
+            server_database_url,
+            f"ALTER ROLE {role} CONNECTION LIMIT -1;"
+            f" SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'",
+        )
+        await alter(server_database_url, f"DROP ROLE {role}")
+
+
+async def test_too_many_connections_pause_deliveries_and_resume(
+    amqp_url: str,
+    server_database_url: str,
+    database_url: str,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The worker's role reaches its connection limit (53300) when its pool must reconnect."""
+    caplog.set_level(logging.DEBUG, logger="rabbitretry")
+    consumer = counting_consumer(queue_name)
+    cleanup.append(consumer)
+    async with limited_role(server_database_url, database_url) as role_url:
+        role = urlsplit(role_url).username
+        config = ConsoleConfig(
+            database_url=role_url,
+            amqp_url=amqp_url,
+            auth=Auth(token=TOKEN),
+            allowed_hosts=("console.test",),
+        )
+        async with (
+            running_worker([consumer], amqp_url, role_url, concurrency=2) as worker,
+            console_client(config) as console,
+        ):
+            await post(console, "/login", {"token": TOKEN, "name": "alice"})
+            assert (await console.get("/messages")).status_code == 200
+            # No new session for the role (committed first, so that no reconnect slips in
+            # before it), then the ones it has end: its pools must connect again.
+            await alter(server_database_url, f"ALTER ROLE {role} CONNECTION LIMIT 0")
+            await alter(
+                server_database_url,
+                f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'",
+            )
+            try:
+                ids = await publish_items(amqp_url, queue_name)
+                await wait_for(gate_closed(worker), timeout=15)
+
+                async def probes_refused() -> bool:  # the gate's probe met the limit again
+                    return sum(PROBE_REFUSED in r.getMessage() for r in caplog.records) >= 2
+
+                await wait_for(probes_refused, timeout=15)
+                assert "out of connections" in worker.health().checks["ledger"]
+                status, _, body = await health_response(worker.health, None)
+                assert status.startswith("503") and b"out of connections" in body, body
+                page = await console.get("/messages")
+                assert page.status_code == 503, page.text
+                assert "out of connections" in page.text, page.text
+                assert await ledger_rows(database_url) == 0  # nothing claimed, nothing charged
+                assert consumer.calls == {}
+                assert len(gate_lines(caplog)) == 1, gate_lines(caplog)
+                assert "TooManyConnectionsError" in gate_lines(caplog)[0]
+            finally:
+                await alter(server_database_url, f"ALTER ROLE {role} CONNECTION LIMIT -1")
+            await all_succeeded(database_url, ids)  # one attempt each: nothing charged
+            assert consumer.calls == dict.fromkeys(ids, 1)
+            assert worker.health().checks["ledger"] == "ok"
+            assert (await console.get("/messages")).status_code == 200
+    assert len(gate_lines(caplog)) == 1, gate_lines(caplog)
+    unexpected = [r for r in caplog.records if "unexpected error" in r.getMessage()]
+    assert unexpected == []
