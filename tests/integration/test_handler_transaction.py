@@ -1,8 +1,9 @@
 """A handler's transaction that cannot commit is the attempt's failure, with the database's error.
 
 Never ``crashed``/``WorkerLost``, never an outage of the ledger: the error the database gave
-(a swallowed error that aborted the block, a deferred constraint, a serialization failure) is
-recorded on the attempt and classified, lost races retried, the rest by the retry policy.
+(a swallowed error that aborted the block, a deferred constraint, a serialization failure, a
+deadlock) is recorded on the attempt and classified, lost races retried, the rest by the retry
+policy.
 """
 
 from __future__ import annotations
@@ -160,6 +161,66 @@ async def test_a_serialization_failure_at_commit_is_retried(
         await other.close()
     outcomes = [(a["outcome"], a["error_type"]) for a in await attempts_of(pool, "d-1")]
     assert outcomes == [("retry", "SerializationError"), ("succeeded", None)], outcomes
+    no_outage(caplog)
+
+
+@pytest.mark.parametrize("caught", [False, True], ids=["raised", "caught-then-commit"])
+async def test_a_deadlock_between_two_handlers_is_retried(
+    caught: bool,
+    amqp_url: str,
+    database_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two handlers' transactions lock two rows in opposite order: the database ends one.
+
+    Raised out of the block, or caught inside it (the block goes on; the commit then meets the
+    aborted transaction and the deadlock is what the attempt records)."""
+    await pool.execute(
+        "CREATE TABLE stock (sku int PRIMARY KEY, count int NOT NULL);"
+        "INSERT INTO stock VALUES (1, 10), (2, 10)"
+    )
+    locked = {1: asyncio.Event(), 2: asyncio.Event()}
+
+    class Moves(Consumer[Item]):
+        # Only ValueError is retried by the policy: the lost race is retried regardless.
+        retry = RetryPolicy(max_attempts=3, initial_delay=0.5, jitter=0.0, retry_on=(ValueError,))
+
+        async def handle(self, msg: Item, ctx: Context) -> None:
+            first, second = msg.n, 3 - msg.n
+            async with ctx.transaction() as conn:
+                await conn.execute("UPDATE stock SET count = count - 1 WHERE sku = $1", first)
+                if ctx.attempt == 1:  # each waits until the other holds its first row
+                    locked[first].set()
+                    await locked[second].wait()
+                with contextlib.suppress(*((asyncpg.DeadlockDetectedError,) if caught else ())):
+                    await conn.execute("UPDATE stock SET count = count + 1 WHERE sku = $1", second)
+
+    Moves.queue = queue_name
+    cleanup.append(Moves)
+    async with running_worker([Moves], amqp_url, database_url, concurrency=2):
+        await publish(amqp_url, queue_name, {"n": 1}, message_id="x-1")
+        await publish(amqp_url, queue_name, {"n": 2}, message_id="x-2")
+        await wait_status(pool, queue_name, "x-1", "succeeded", timeout=30)
+        await wait_status(pool, queue_name, "x-2", "succeeded", timeout=30)
+    histories = {
+        key: [(a["outcome"], a["error_type"]) for a in await attempts_of(pool, key)]
+        for key in ("x-1", "x-2")
+    }
+    assert sorted(histories.values()) == [
+        [("retry", "DeadlockDetectedError"), ("succeeded", None)],
+        [("succeeded", None)],
+    ], histories
+    (loser,) = [key for key, history in histories.items() if len(history) == 2]
+    row = await row_of(pool, loser)
+    assert row["attempts"] == 2, dict(row)
+    (first,) = [a for a in await attempts_of(pool, loser) if a["outcome"] == "retry"]
+    assert "deadlock detected" in first["error_message"], first["error_message"]
+    # Both moves committed once each; the loser's first try left nothing behind.
+    counts = await pool.fetch("SELECT count FROM stock ORDER BY sku")
+    assert [r["count"] for r in counts] == [10, 10]
     no_outage(caplog)
 
 
