@@ -3,6 +3,13 @@
 The ledger keeps a snapshot of each delivery (body, headers, properties, where it came from).
 From it the pipeline publishes a copy to the delay path (a retry, or a copy parked until its
 claim can succeed) and the dead letter's copy on ``Q.dead``.
+
+A copy the broker refuses names this message, not an outage: its exchange is missing or may not
+be used, it comes back unroutable (a binding gone), or its headers cannot be carried. A refused
+delay copy would leave the message nowhere but in a requeue loop, so the message ends dead
+with the broker's reason (the caller records it); a refused dead-letter copy is logged once,
+as the ledger's row is the dead letter. A lost connection or a nack is not a refusal: it is
+raised, and the delivery requeued.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ import logging
 
 from rabbitretry.amqp import ConfirmingPublisher, IncomingMessage, message_properties
 from rabbitretry.delivery.log_fields import LogFields
-from rabbitretry.errors import UnpublishableError
+from rabbitretry.errors import PublishRefused, UnpublishableError, UnroutableError
 from rabbitretry.ledger import Key, Snapshot
 from rabbitretry.ledger.failures import Failure
 from rabbitretry.message import headers
@@ -52,7 +59,8 @@ class Copies:
     async def publish_delayed(
         self, key: Key, snapshot: Snapshot, wait: float, attempts: int
     ) -> str | None:
-        """Publish a copy to the delay path; why not, if it cannot be encoded."""
+        """Publish a copy to the delay path; why not, if it cannot be encoded or the broker
+        refused it (a lost connection or a nack raises: they are not about this message)."""
         route = delays.route(self.queue, self.queue_type, wait)
         try:
             await self.publisher.publish(
@@ -67,6 +75,11 @@ class Copies:
             # Content the broker cannot take back: without a copy the message would loop
             # between the ledger and the queue, so it ends dead (the caller records it).
             return f"the copy for the delay path cannot be published: {error}"
+        except (PublishRefused, UnroutableError) as error:
+            # Its exchange missing or forbidden, or no queue bound: requeued, it met the same
+            # refusal on every attempt. Dead with the reason, replayable once the topology is
+            # mended. (A lost connection or a nack is not about this message: it is raised.)
+            return f"the broker refused the copy for the delay path: {error}"
         return None
 
     async def publish_dead(
@@ -74,11 +87,12 @@ class Copies:
     ) -> None:
         """The dead letter's copy on ``Q.dead``, for people reading the queue.
 
-        The ledger row is the dead letter; a copy that cannot be encoded is only logged.
+        The ledger row is the dead letter (recorded and alerted before this copy is sent); a
+        copy that cannot be encoded or that the broker refuses is only logged, once.
         """
         try:
             await self._publish_dead_copy(key, snapshot, reason, failure, attempts)
-        except UnpublishableError as error:
+        except (UnpublishableError, PublishRefused, UnroutableError) as error:
             # Not a second death line: the dead letter is in the ledger, logged already.
             log.warning(
                 "%s: dead in the ledger; no copy on %s: %s",

@@ -4,7 +4,9 @@ An attempt's verdict (succeeded, skipped, dead, retrying) is written against the
 attempt; a write that matches no row means the claim was lost, and the ledger says whether
 another attempt owns the work. A *rejection* is dead at once, without an attempt (no
 ``message_id``, too large, unpublishable, content the ledger refuses); a copy of a message
-already rejected is dropped.
+already rejected is dropped. ``unpublishable`` also ends a message whose retry copy the broker
+refused (its exchange missing or forbidden, no queue bound): requeued, it would meet the same
+refusal on every attempt.
 """
 
 from __future__ import annotations

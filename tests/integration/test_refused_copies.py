@@ -16,14 +16,14 @@ import asyncpg
 import pytest
 from pydantic import BaseModel
 
-from rabbitretry import Consumer, Context, Retry, RetryPolicy, amqp, db
+from rabbitretry import Consumer, Context, Permanent, Retry, RetryPolicy, amqp, db
 from rabbitretry.consumer import topology_of
 from rabbitretry.ledger import AttemptLedger, ClaimRequest, Key, Snapshot, repairs
 from rabbitretry.ledger.failures import rejection
 from rabbitretry.reconcile.pacing import RateLimiter
 from rabbitretry.reconcile.redrive import redrive
 from rabbitretry.reconcile.run import Run, RunReport
-from rabbitretry.topology import declare
+from rabbitretry.topology import declare, delays
 from tests.integration.harness import (
     publish,
     queue_depth,
@@ -214,3 +214,102 @@ async def test_the_reconciler_records_a_snapshot_the_worker_would_refuse_as_dead
 
 async def _depth_is(amqp_url: str, queue: str, depth: int) -> bool:
     return await queue_depth(amqp_url, queue) == depth
+
+
+# --- copies the broker refuses ------------------------------------------------------------------
+
+
+async def unbind_from_the_deliver_exchange(amqp_url: str, queue: str) -> None:
+    """The work queue loses its binding on the delay chain's deliver exchange (a definitions
+    import, a hand-made topology): a copy with no wait is returned unroutable."""
+    connection = await amqp.connect(amqp_url)
+    try:
+        channel = await connection.channel()
+        work = await channel.declare_queue(queue, passive=True)
+        await work.unbind(delays.DELIVER_EXCHANGE, delays.deliver_key(queue))
+    finally:
+        await connection.close()
+
+
+async def test_a_retry_copy_the_broker_refuses_ends_dead_with_the_brokers_reason(
+    amqp_url: str,
+    database_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The retry copy came back unroutable: the delivery was requeued after a pause, with no
+    record of why, and met the refusal again on every attempt until its budget was spent
+    (``attempts-exhausted``, the broker's reason nowhere). Now the first refusal ends it dead
+    with the broker's reason, once, and its dead letter is on ``Q.dead``."""
+    handled: list[int] = []
+
+    class Retrying(Consumer[Job]):
+        async def handle(self, msg: Job, ctx: Context) -> None:
+            handled.append(ctx.attempt)
+            raise Retry("try again at once", delay=0.0)
+
+    Retrying.queue = queue_name
+    Retrying.retry = RetryPolicy(max_attempts=3, initial_delay=0.0, jitter=0.0)
+    cleanup.append(Retrying)
+    async with running_worker([Retrying], amqp_url, database_url):
+        await unbind_from_the_deliver_exchange(amqp_url, queue_name)
+        await publish(amqp_url, queue_name, BODY, message_id="m1")
+        await wait_status(pool, queue_name, "m1", "dead", timeout=15)
+        await wait_for(lambda: _depth_is(amqp_url, f"{queue_name}.dead", 1), timeout=10)
+    row = await row_of(pool, queue_name, "m1")
+    no_wait = delays.route(queue_name, "classic", 0.0)
+    assert (row["reason"], row["attempts"], handled) == ("unpublishable", 1, [1])
+    assert row["error_message"] == (
+        "the broker refused the copy for the delay path: no queue is bound for exchange "
+        f"'{delays.DELIVER_EXCHANGE}' with routing key '{no_wait.routing_key}'"
+    )
+    assert await attempt_outcomes(pool, queue_name, "m1") == ["retry"]
+    assert await queue_depth(amqp_url, queue_name) == 0
+    assert not [r for r in caplog.records if "requeued" in r.getMessage()]
+
+
+async def test_a_dead_copy_the_broker_refuses_is_logged_once_and_the_delivery_acked(
+    amqp_url: str,
+    database_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``Q.dead`` deleted: the dead letter's copy comes back unroutable. The ledger row is the
+    dead letter (recorded, alerted); the delivery was requeued as if nothing were recorded,
+    with an ERROR saying so. Now the missing copy is one WARNING naming the reason, and the
+    delivery is acked."""
+
+    class Failing(Consumer[Job]):
+        async def handle(self, msg: Job, ctx: Context) -> None:
+            raise Permanent("order not found")
+
+    Failing.queue = queue_name
+    Failing.retry = RetryPolicy(max_attempts=1, initial_delay=0.3, jitter=0.0)
+    cleanup.append(Failing)
+    async with running_worker([Failing], amqp_url, database_url):
+        connection = await amqp.connect(amqp_url)
+        try:
+            await (await connection.channel()).queue_delete(f"{queue_name}.dead")
+        finally:
+            await connection.close()
+        await publish(amqp_url, queue_name, BODY, message_id="m1")
+        await wait_status(pool, queue_name, "m1", "dead", timeout=15)
+
+        async def said_once() -> list[str]:
+            return [r.getMessage() for r in caplog.records if "no copy on" in r.getMessage()]
+
+        (line,) = await wait_for(said_once, timeout=10)
+        await wait_for(lambda: _depth_is(amqp_url, queue_name, 0), timeout=10)
+    assert line == (
+        f"{queue_name}/m1: dead in the ledger; no copy on {queue_name}.dead: no queue is bound "
+        f"for exchange '(default)' with routing key '{queue_name}.dead'"
+    )
+    assert not [r for r in caplog.records if "requeued" in r.getMessage()]
+    row = await row_of(pool, queue_name, "m1")
+    assert (row["status"], row["reason"], row["attempts"]) == ("dead", "permanent-error", 1)
+    alert = await pool.fetchval("SELECT count FROM rabbitretry.alert WHERE queue = $1", queue_name)
+    assert alert == 1
