@@ -52,7 +52,7 @@ DELIVER_BINDING_DETAIL = (
 DELIVER_BINDING_REFUSED = (
     "RabbitMQ refused to bind work queue {queue!r} to the delay chain's deliver exchange "
     "({binding}): {reason}. Without that binding every retry of {queue!r} is lost at the end "
-    "of the delay chain, so the worker does not start. Run `rabbitretry topology declare` "
+    "of the delay chain, so a worker does not start. Run `rabbitretry topology declare` "
     "as a user allowed to bind (write on the queue, read on the exchange), or grant this "
     "user those permissions."
 )
@@ -135,8 +135,11 @@ async def declare(connection: amqp.Connection, topology: Topology) -> Plan:
             await _apply(prober, "exchange", exchange.name, _exchange(exchange))
         for queue in topology.queue_declarations():
             await _apply(prober, "queue", queue.name, _queue(queue))
+        deliver = [queue.deliver_binding() for queue in topology.queues]
         for binding in topology.binding_declarations():
-            await _apply(prober, "binding", _binding_name(binding), _bind(binding))
+            if binding not in deliver:
+                await _apply(prober, "binding", _binding_name(binding), _bind(binding))
+        await _bind_deliver(prober, topology)
     return current
 
 
@@ -152,7 +155,8 @@ async def verify(connection: amqp.Connection, topology: Topology) -> None:
     current = await plan(connection, topology)
     problems = [e for e in current.entries if e.action in ("create", "mismatch")]
     if not problems:
-        await _ensure_deliver_bindings(connection, topology)
+        async with amqp.Prober(connection) as prober:
+            await _bind_deliver(prober, topology)
         return
     listed = "\n".join(
         f"  - {e.kind} {e.name!r}: " + ("missing" if e.action == "create" else e.detail)
@@ -186,17 +190,18 @@ async def _probe(
     return PlanEntry(kind, name, "mismatch", text)
 
 
-async def _ensure_deliver_bindings(connection: amqp.Connection, topology: Topology) -> None:
-    async with amqp.Prober(connection) as prober:
-        for queue in topology.queues:
-            binding = queue.deliver_binding()
-            refusal = await _refusal(prober, _bind(binding))
-            if refusal is not None:
-                raise TopologyError(
-                    DELIVER_BINDING_REFUSED.format(
-                        queue=queue.name, binding=_binding_name(binding), reason=refusal
-                    )
+async def _bind_deliver(prober: amqp.Prober, topology: Topology) -> None:
+    """Bind each work queue to the deliver exchange; a refusal names the binding and why it
+    matters (:data:`DELIVER_BINDING_REFUSED`), from :func:`declare` and :func:`verify` alike."""
+    for queue in topology.queues:
+        binding = queue.deliver_binding()
+        refusal = await _refusal(prober, _bind(binding))
+        if refusal is not None:
+            raise TopologyError(
+                DELIVER_BINDING_REFUSED.format(
+                    queue=queue.name, binding=_binding_name(binding), reason=refusal
                 )
+            )
 
 
 async def _refusal(prober: amqp.Prober, action: Declaration) -> str | None:
@@ -204,14 +209,14 @@ async def _refusal(prober: amqp.Prober, action: Declaration) -> str | None:
     try:
         outcome, text = await prober.attempt(action)
     except TopologyError as error:
-        return str(error)
+        return str(error).removeprefix("RabbitMQ refused: ")
     return None if outcome == "ok" else text
 
 
 async def _apply(prober: amqp.Prober, kind: Kind, name: str, declaration: Declaration) -> None:
-    outcome, text = await prober.attempt(declaration)
-    if outcome != "ok":
-        raise TopologyError(f"RabbitMQ refused to declare {kind} {name!r}: {text}")
+    refusal = await _refusal(prober, declaration)
+    if refusal is not None:
+        raise TopologyError(f"RabbitMQ refused to declare {kind} {name!r}: {refusal}")
 
 
 def _passive(kind: Kind, name: str) -> Declaration:

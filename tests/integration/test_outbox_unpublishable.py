@@ -9,9 +9,15 @@ with the reason and go on.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import os
+import re
+import secrets
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import aio_pika
 import asyncpg
@@ -292,3 +298,89 @@ async def test_a_row_whose_headers_do_not_fit_in_a_frame_fails_alone_and_closes_
     }
     assert "more than one frame of this connection holds" in rows["huge"]["last_error"]
     assert sorted(await drain(amqp_url, work_queue)) == ["good-1", "good-2"]
+
+
+def _rabbitmqctl(*args: str) -> None:
+    subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def user_who_may_not_write_to(amqp_url: str) -> Iterator[Callable[[str], str]]:
+    """``make(exchange)``: the URL of a new user of the test's vhost with every permission but
+    writing to ``exchange``; the users are deleted afterwards. Made with rabbitmqctl (the broker
+    of this machine, as in CI)."""
+    parts = urlsplit(amqp_url)
+    local = parts.hostname in ("127.0.0.1", "localhost", "::1")
+    if not (local and shutil.which("rabbitmqctl")):
+        message = "making a user needs rabbitmqctl and the broker on this machine"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message} (CI=true)", pytrace=False)
+        pytest.skip(message)
+    vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
+    made: list[str] = []
+
+    def make(exchange: str) -> str:
+        user, password = f"rabbitretry-test-{secrets.token_hex(4)}", secrets.token_hex(12)
+        _rabbitmqctl("add_user", user, password)
+        made.append(user)
+        _rabbitmqctl(
+            "set_permissions", "-p", vhost, user, ".*", f"^(?!{re.escape(exchange)}$).*", ".*"
+        )
+        host = f"{parts.hostname}:{parts.port or 5672}"
+        return urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
+
+    yield make
+    for user in made:
+        _rabbitmqctl("delete_user", user)
+
+
+async def test_a_row_for_an_exchange_the_user_may_not_write_to_fails_alone(
+    pool: asyncpg.Pool,
+    amqp_url: str,
+    work_queue: str,
+    amqp_connection: Connection,
+    broker_cleanup: BrokerCleanup,
+    user_who_may_not_write_to: Callable[[str], str],
+) -> None:
+    """403 ACCESS_REFUSED closes the channel like a 404: the row names the exchange, counts a
+    try with the broker's words, and fails after its budget; its neighbours are sent, and the
+    connection stays up."""
+    forbidden = f"{work_queue}.forbidden"
+    await declare(
+        amqp_connection,
+        broker_cleanup.topology(Topology(exchanges=[Exchange(name=forbidden, type="fanout")])),
+    )
+    channel = await amqp_connection.channel()
+    await (await channel.declare_queue(work_queue, passive=True)).bind(forbidden)
+    url = user_who_may_not_write_to(forbidden)
+    await enqueue(pool, "good-1", work_queue)
+    await enqueue(pool, "denied", "", exchange=forbidden)
+    await enqueue(pool, "good-2", work_queue)
+    relay = OutboxRelay(pool, url, max_tries=2, initial_backoff=0.0, max_backoff=0.0)
+    connection = await connect(url)
+    try:
+        publisher = await ConfirmingPublisher.open(connection)
+        assert await relay.relay_once(publisher) == 3
+        rows = await rows_by_id(pool)
+        assert {key: (row["status"], row["tries"]) for key, row in rows.items()} == {
+            "good-1": ("sent", 1),
+            "denied": ("pending", 1),
+            "good-2": ("sent", 1),
+        }
+        user = urlsplit(url).username
+        assert rows["denied"]["last_error"] == (
+            f"the broker refused message 'denied': ACCESS_REFUSED - access to exchange "
+            f"'{forbidden}' in vhost '/' refused for user '{user}'"
+        )
+        await enqueue(pool, "good-3", work_queue)
+        assert await relay.relay_once(publisher) == 2
+        assert publisher.available
+    finally:
+        await connection.close()
+    rows = await rows_by_id(pool)
+    assert (rows["denied"]["status"], rows["denied"]["tries"]) == ("failed", 2)
+    assert rows["good-3"]["status"] == "sent"
+    # The exchange exists, so the denied row is sent and its 403 closes the channel under the
+    # rows in flight beside it: they are sent again on a fresh one, and one the broker had
+    # already taken arrives twice (consumers deduplicate by message_id).
+    assert sorted(set(await drain(amqp_url, work_queue))) == ["good-1", "good-2", "good-3"]

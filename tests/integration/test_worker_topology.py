@@ -3,15 +3,20 @@
 A retry's copy leaves the delay chain through ``rabbitretry.delay.deliver``, where its work
 queue is bound by its exact name. A work queue that lost that binding (restored by hand, a
 definitions import, an operator's unbind) would lose every retry at the end of the chain: the
-deliver exchange drops an unroutable copy that dead-lettering brought to it.
+deliver exchange drops an unroutable copy that dead-lettering brought to it. A worker binds it
+again at start; one whose user may not bind it refuses to start, naming the binding.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import secrets
+import shutil
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import aio_pika
 import asyncpg
@@ -22,6 +27,7 @@ from pydantic import BaseModel
 from rabbitretry import Consumer, Context, Retry, RetryPolicy, amqp
 from rabbitretry.consumer import topology_of
 from rabbitretry.delivery.worker import Worker
+from rabbitretry.errors import TopologyError
 from rabbitretry.topology import declare, delays, plan
 from tests.integration.harness import publish, wait_for, wait_status
 
@@ -154,3 +160,70 @@ async def test_plan_lists_the_deliver_binding_and_says_who_ensures_it(
     (entry,) = deliver
     assert entry.action == "ensure"
     assert "retries" in entry.detail and "run" in entry.detail, entry.detail
+
+
+async def rabbitmqctl(*args: str) -> None:
+    if shutil.which("rabbitmqctl") is None:
+        message = "rabbitmqctl (the broker's own tool) adds the user this test needs"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message} (CI=true: this test must run)", pytrace=False)
+        pytest.skip(message)
+    process = await asyncio.create_subprocess_exec(
+        "rabbitmqctl", "-q", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    _, stderr = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, f"rabbitmqctl {args[0]}: {stderr.decode()}"
+
+
+@contextlib.asynccontextmanager
+async def user_who_cannot_read_deliver(amqp_url: str) -> AsyncIterator[str]:
+    """A broker user of this test's own, allowed everything but reading the deliver exchange
+    (which binding a queue to it needs); yields ``amqp_url`` as that user. Deleted after."""
+    parts = urlsplit(amqp_url)
+    vhost = unquote(parts.path[1:]) or "/"
+    user, password = f"rabbitretry-test-{secrets.token_hex(4)}", secrets.token_hex(8)
+    await rabbitmqctl("add_user", user, password)
+    try:
+        not_deliver = "^(?!" + delays.DELIVER_EXCHANGE.replace(".", "\\.") + "$).*"
+        await rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", not_deliver)
+        host = f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
+        yield urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
+    finally:
+        await rabbitmqctl("delete_user", user)
+
+
+@pytest.mark.parametrize("declare_topology", [True, False], ids=["declare", "verify"])
+async def test_a_worker_that_cannot_bind_the_deliver_binding_refuses_to_start(
+    amqp_url: str,
+    database_url: str,
+    queue_name: str,
+    declare_topology: bool,
+    cleanup: list[type[Consumer[Any]]],
+) -> None:
+    consumer = failing_once(queue_name, "classic")
+    cleanup.append(consumer)
+    connection = await amqp.connect(amqp_url)
+    try:
+        await declare(connection, topology_of([consumer]))
+    finally:
+        await connection.close()
+    await unbind_deliver(amqp_url, queue_name)
+
+    async with user_who_cannot_read_deliver(amqp_url) as restricted_url:
+        worker = Worker(
+            consumers=[consumer],
+            amqp_url=restricted_url,
+            database_url=database_url,
+            declare_topology=declare_topology,
+        )
+        with pytest.raises(TopologyError) as refused:
+            await asyncio.wait_for(worker.run(), 60)
+    assert not worker.started
+    message = str(refused.value)
+    key = delays.deliver_key(queue_name)
+    binding = f"{delays.DELIVER_EXCHANGE} -> {queue_name} (routing key {key!r})"
+    assert binding in message, message
+    assert "ACCESS_REFUSED" in message, message
+    assert f"every retry of {queue_name!r} is lost" in message, message
+    assert "rabbitretry topology declare" in message, message
+    assert not await deliver_routes_to(amqp_url, queue_name, "classic"), "bound after all"
