@@ -15,7 +15,6 @@ import os
 import platform
 import signal
 import time
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,49 +28,13 @@ from bench.due_scan import run_due_scan, scan_statement
 from bench.latency import run_latency
 from bench.processes import run_processes
 from bench.retry_delay import MIN_DELAY, run_retry_delays
+from bench.rounds import throughput
 from bench.services import AMQP_URL, scratch_database
-from bench.throughput import RunResult, run_dramatiq, run_naive, run_rabbitretry, run_raw
 
 RESULTS = Path(__file__).parent / "results"
 DOCUMENT = Path(__file__).parent.parent / "docs" / "benchmarks.md"
 
 CONSOLE_ROWS = 100_000  # dead letters (and as many succeeded) behind the console's pages
-Runner = Callable[[int, int], Awaitable[RunResult]]  # (messages, warmup) -> rate and costs
-Runs = dict[str, dict[str, list[float]]]  # variant -> setting -> one figure per round
-
-
-def variants(database_url: str) -> list[tuple[str, str, Runner]]:
-    found: list[tuple[str, str, Runner]] = []
-    for c in (1, 8, 32):
-        found.append(("A", str(c), lambda m, w, c=c: run_raw(c, m, w)))
-        found.append(("B", str(c), lambda m, w, c=c: run_naive(database_url, c, m, w)))
-        found.append(("C", str(c), lambda m, w, c=c: run_rabbitretry(database_url, c, m, w)))
-    for threads in (1, 8):
-        found.append(("D", f"1x{threads}", lambda m, w, t=threads: run_dramatiq(t, m, w)))
-    return found
-
-
-async def throughput(
-    database_url: str, messages: int, repeats: int
-) -> tuple[Runs, dict[str, Runs]]:
-    """Every variant ``repeats`` times, round-robin so that a noisy minute hits them all: the
-    rates, and each cost per message (``cpu_us``, ``wal_bytes``...) in the same shape."""
-    warmup = max(200, messages // 10)
-    runs: Runs = {}
-    costs: dict[str, Runs] = {}
-    for repeat in range(1, repeats + 1):
-        for variant, setting, runner in variants(database_url):
-            result = await runner(messages, warmup)
-            runs.setdefault(variant, {}).setdefault(setting, []).append(result.rate)
-            for name, value in result.costs.items():
-                costs.setdefault(name, {}).setdefault(variant, {}).setdefault(setting, [])
-                costs[name][variant][setting].append(value)
-            print(
-                f"  run {repeat}/{repeats}  {variant}({setting}): {result.rate:,.0f} msgs/s, "
-                + ", ".join(f"{name} {value:,.1f}" for name, value in result.costs.items()),
-                flush=True,
-            )
-    return runs, costs
 
 
 def cpu_model() -> str:

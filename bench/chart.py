@@ -15,16 +15,25 @@ def throughput_chart(rates: Mapping[str, Mapping[str, float]], path: Path) -> No
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for variant in ("A", "B", "C"):
-        settings = ["1", "8", "32"]
-        values = [rates[variant][s] for s in settings]
-        ax.plot([1, 8, 32], values, marker="o", label=LABELS[variant])
+    # A, B and C solid; the peers dashed, in colours of their own (D's red is its squares).
+    styles = {
+        "A": {"marker": "o", "color": "tab:blue"},
+        "B": {"marker": "o", "color": "tab:orange"},
+        "C": {"marker": "o", "color": "tab:green"},
+        "E": {"marker": "^", "color": "tab:purple", "linestyle": "--"},
+        "F": {"marker": "v", "color": "tab:brown", "linestyle": "--"},
+    }
+    for variant, style in styles.items():
+        settings = [s for s in ("1", "8", "32") if s in rates.get(variant, {})]
+        if settings:
+            values = [rates[variant][s] for s in settings]
+            ax.plot([int(s) for s in settings], values, label=LABELS[variant], **style)
     for setting, threads in (("1x1", 1), ("1x8", 8)):
         ax.scatter([threads], [rates["D"][setting]], marker="s", color="tab:red")
     ax.scatter([], [], marker="s", color="tab:red", label=f"{LABELS['D']} (1x1, 1x8 threads)")
     ax.set_xscale("log", base=2)
     ax.set_xticks([1, 8, 32], ["1", "8", "32"])
-    ax.set_xlabel("concurrency (consumers, or dramatiq threads)")
+    ax.set_xlabel("concurrency (consumers; dramatiq threads; Celery pool processes)")
     ax.set_ylabel("messages per second (median)")
     ax.set_title("Consumer throughput, no-op handler, one broker and one database")
     ax.grid(True, alpha=0.3)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+import os
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import asyncpg
 
@@ -69,6 +71,39 @@ def cpu_per_message(cpu_seconds: float, messages: int) -> float:
     if messages <= 0:
         raise ValueError("no messages")
     return cpu_seconds / messages * 1e6
+
+
+def stat_cpu(stat: str) -> tuple[int, int]:
+    """(parent pid, CPU clock ticks in user and system mode) from the text of
+    ``/proc/<pid>/stat``; the command name, in parentheses, may hold spaces and parentheses."""
+    fields = stat.rsplit(")", 1)[1].split()
+    # After the name: state, ppid, ... utime and stime are the 14th and 15th fields of the line.
+    return int(fields[1]), int(fields[11]) + int(fields[12])
+
+
+def tree_ticks(processes: Mapping[int, tuple[int, int]], root: int) -> int:
+    """The CPU ticks of ``root`` and of all its descendants, from pid -> (parent pid, ticks)."""
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in processes.items():
+        children.setdefault(parent, []).append(pid)
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in processes:
+            total += processes[pid][1]
+        todo.extend(children.get(pid, ()))
+    return total
+
+
+def process_tree_cpu(root: int) -> float:
+    """Seconds of CPU spent so far by process ``root`` and its descendants (Linux ``/proc``):
+    a worker whose pool runs in processes of its own, as Celery's prefork pool does."""
+    found: dict[int, tuple[int, int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                found[int(entry.name)] = stat_cpu((entry / "stat").read_text())
+    return tree_ticks(found, root) / os.sysconf("SC_CLK_TCK")
 
 
 async def snapshot(database_url: str, tables: Sequence[str]) -> DatabaseSnapshot:

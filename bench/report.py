@@ -10,6 +10,8 @@ LABELS = {
     "B": "B naive ledger (2 commits)",
     "C": "C rabbitretry",
     "D": "D dramatiq",
+    "E": "E Celery (prefork, acks late)",
+    "F": "F FastStream (manual ack)",
 }
 
 
@@ -22,6 +24,8 @@ def throughput_table(rates: Mapping[str, Mapping[str, float]]) -> str:
     ]
     for variant, label in LABELS.items():
         row = rates.get(variant, {})
+        if not row:
+            continue  # not run (python -m bench.rounds --variants)
         cells = [f"{row[s]:,.0f}" if s in row else "" for s in settings]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -72,16 +72,32 @@ async def prefill(
     bodies: Iterable[tuple[str, bytes]],
 ) -> None:
     """Publish (message_id, body) pairs, persistent and confirmed, a window at a time."""
-    channel = await connection.channel(publisher_confirms=True)
-    try:
-        pending: list[asyncio.Future[object]] = []
-        for message_id, raw in bodies:
-            message = aio_pika.Message(
+    await prefill_messages(
+        connection,
+        queue,
+        (
+            aio_pika.Message(
                 raw,
                 message_id=message_id,
                 content_type="application/json",
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             )
+            for message_id, raw in bodies
+        ),
+    )
+
+
+async def prefill_messages(
+    connection: aio_pika.abc.AbstractConnection,
+    queue: str,
+    messages: Iterable[aio_pika.Message],
+) -> None:
+    """Publish messages (a peer's own format: headers, encoding) to ``queue`` through the
+    default exchange, confirmed, a window at a time; :func:`prefill` for plain JSON bodies."""
+    channel = await connection.channel(publisher_confirms=True)
+    try:
+        pending: list[asyncio.Future[object]] = []
+        for message in messages:
             pending.append(
                 asyncio.ensure_future(channel.default_exchange.publish(message, routing_key=queue))
             )

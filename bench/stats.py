@@ -44,42 +44,69 @@ def best(rates: Mapping[str, float]) -> float:
     return max(rates.values())
 
 
+PEERS = {"E": "Celery", "F": "FastStream"}
+
+
 def ratios(rates: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-    """C against A and B at each concurrency, and C against dramatiq, from the medians."""
-    a, b, c, d = rates["A"], rates["B"], rates["C"], rates["D"]
+    """C against A, B and the peers E and F at each concurrency, best C against dramatiq and
+    against each peer's best, from the medians; a variant that did not run is left out."""
+    c = rates.get("C", {})
+    if not c:
+        return {}
     found = {}
     for setting, rate in c.items():
-        if setting in a:
-            found[f"C({setting})/A({setting})"] = rate / a[setting]
-        if setting in b:
-            found[f"C({setting})/B({setting})"] = rate / b[setting]
-    for setting, rate in d.items():
+        for other in ("A", "B", *PEERS):
+            if setting in rates.get(other, {}):
+                found[f"C({setting})/{other}({setting})"] = rate / rates[other][setting]
+    for setting, rate in rates.get("D", {}).items():
         found[f"best C/D({setting})"] = best(c) / rate
+    for peer in PEERS:
+        if rates.get(peer):
+            found[f"best C/best {peer}"] = best(c) / best(rates[peer])
     return found
+
+
+def _spread(per_repeat: list[float]) -> dict[str, Any]:
+    return {
+        "median": statistics.median(per_repeat),
+        "min": min(per_repeat),
+        "max": max(per_repeat),
+        "per_repeat": per_repeat,
+    }
 
 
 def paired_ratios(
     runs: Mapping[str, Mapping[str, Sequence[float]]],
 ) -> dict[str, dict[str, Any]]:
-    """C against A and B per repeat: each ratio from the runs of one round, back to back.
+    """C against A, B, E and F per repeat: each ratio from the runs of one round, back to back.
 
     A noisy minute slows both runs of a round, so the ratio of a round varies less than
     either rate; its spread over the rounds (min to max) tells a change from noise. The value
-    reported is the median of the rounds' ratios.
+    reported is the median of the rounds' ratios. ``best C/best E`` (and F) compares, in each
+    round, C's best rate of the round with the peer's best of the same round.
     """
     found: dict[str, dict[str, Any]] = {}
-    for other in ("A", "B"):
-        for setting, c_runs in runs["C"].items():
+    c_runs_by_setting = runs.get("C", {})
+    for other in ("A", "B", *PEERS):
+        for setting, c_runs in c_runs_by_setting.items():
             other_runs = runs.get(other, {}).get(setting)
             if not other_runs:
                 continue
             per_repeat = [c / o for c, o in zip(c_runs, other_runs, strict=True)]
-            found[f"C({setting})/{other}({setting})"] = {
-                "median": statistics.median(per_repeat),
-                "min": min(per_repeat),
-                "max": max(per_repeat),
-                "per_repeat": per_repeat,
-            }
+            found[f"C({setting})/{other}({setting})"] = _spread(per_repeat)
+    for peer in PEERS:
+        peer_runs = runs.get(peer, {})
+        if c_runs_by_setting and peer_runs:
+            found[f"best C/best {peer}"] = _spread(
+                [
+                    max(c_round) / max(peer_round)
+                    for c_round, peer_round in zip(
+                        zip(*c_runs_by_setting.values(), strict=True),
+                        zip(*peer_runs.values(), strict=True),
+                        strict=True,
+                    )
+                ]
+            )
     return found
 
 
@@ -147,7 +174,17 @@ def targets(measured: Measured) -> list[Target]:
         Target("retry copies early at a worker", retry["early_count"], 0, "", False),
         Target("retries started early", retry["started_early"], 0, "", False),
     ]
+    found += peer_targets(r)
     if measured.scan_1m_ms is not None:
         found.append(Target("due-scan at 1M rows", measured.scan_1m_ms, 50.0, "ms", False))
     found.append(Target("worker peak RSS", measured.rss_mb, 100.0, "MB", False))
     return found
+
+
+def peer_targets(ratios: Mapping[str, float]) -> list[Target]:
+    """rabbitretry at its best at least as fast as each peer at its best (those that ran)."""
+    return [
+        Target(f"best C / {name}", ratios[f"best C/best {peer}"], 1.0, "x", True)
+        for peer, name in PEERS.items()
+        if f"best C/best {peer}" in ratios
+    ]

@@ -9,6 +9,7 @@ the publisher is not competing for the CPU while the clock runs.
 * C  rabbitretry: a real ``Worker`` with a no-op ``Consumer``;
 * D  dramatiq with its RabbitMQ broker (threads, prefetch 2 per thread, no ledger).
 
+The peers E (Celery) and F (FastStream) are measured the same way in :mod:`bench.peers`.
 Each run returns its rate and its costs per message (:mod:`bench.costs`).
 """
 
