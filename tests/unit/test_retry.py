@@ -381,7 +381,10 @@ def test_an_absurd_policy_fails_at_class_definition() -> None:
 
 def test_the_largest_delay_allowed_is_accepted_and_caps_a_retry() -> None:
     policy = RetryPolicy(max_attempts=3, initial_delay=MAX_DELAY, max_delay=MAX_DELAY, jitter=0.5)
-    assert policy.delay_after(1) == MAX_DELAY
+    assert policy.backoff(1) == MAX_DELAY
+    assert all(
+        MAX_DELAY / 2 <= policy.delay_after(1, random.Random(n)) <= MAX_DELAY for n in range(50)
+    )
     assert policy.decide(Retry(delay=1e300), 1) == Decision(
         "retry", delay=MAX_DELAY, capped_from=1e300
     )
