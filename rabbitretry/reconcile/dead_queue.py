@@ -43,7 +43,7 @@ from typing import Any
 from rabbitretry import amqp
 from rabbitretry.consumer import Consumer
 from rabbitretry.db import Executor, query
-from rabbitretry.errors import ConnectionLost, PublishError
+from rabbitretry.errors import ConnectionLost, PublishError, UnpublishableError
 from rabbitretry.ledger import Snapshot, missing_id_key, repairs
 from rabbitretry.ledger.failures import Failure, rejection
 from rabbitretry.message import headers
@@ -281,7 +281,7 @@ async def _rotate(
             )
         except ConnectionLost:
             raise  # the unacked messages go back to the queue with their channel
-        except PublishError as error:
+        except (PublishError, UnpublishableError) as error:
             errors.append(f"{target.dead_queue}: putting back {item.message_id} failed: {error}")
             log.error("%s: putting back %s failed: %s", target.dead_queue, item.message_id, error)
             return False

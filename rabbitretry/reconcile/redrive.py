@@ -8,6 +8,13 @@ headers stripped, attempts header set), with confirms and ``mandatory``; a copy 
 twice is dropped by the claim, so a re-drive never runs a handler twice. Work past its
 consumer's ``expires_after`` is finished ``skipped`` instead, and a snapshot over its
 consumer's ``max_body_bytes`` is finished ``dead`` (reason ``too-large``): never published.
+
+A re-drive the broker refuses fails that row alone, reported, and the run goes on: one that
+cannot be carried (a header table too large for a frame) is finished ``dead``, reason
+``unpublishable``, as the worker ends a copy it cannot publish; one refused for the topology
+(its work queue gone: the copy comes back unroutable) stays marked and is tried again after
+the grace period, reported on each pass until the queue is back. A lost connection ends the
+step: every next publish would fail too.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from rabbitretry.reconcile.run import Run
 log = logging.getLogger("rabbitretry.reconcile.reconciler")  # one logger for every step
 
 TOO_LARGE = "too-large"  # the reason the worker records for the same refusal
+UNPUBLISHABLE = "unpublishable"  # the worker's reason for a copy it cannot publish
 
 Scan = Callable[[Executor, float, int], Awaitable[list[Record]]]
 """Takes and marks a batch of lost rows, ``(ledger, grace, limit)``: ``repairs.take_*``."""
@@ -103,9 +111,19 @@ async def _publish_row(run: Run, row: Record) -> bool:
         )
     except ConnectionLost:
         raise  # every next publish would fail too: end the run, the rows stay marked
-    except (PublishError, UnpublishableError) as error:
-        # The row stays marked: it is tried again after the grace period (a snapshot that
-        # cannot be encoded is reported on each pass, and the run goes on).
+    except UnpublishableError as error:
+        # No re-drive can carry it, and the worker could not retry it either: dead.
+        run.report.errors.append(f"{row['queue']}/{row['message_id']}: {error}")
+        key = ledger.Key(row["queue"], row["message_id"])
+        failure = rejection(
+            row["queue"], UNPUBLISHABLE, f"the re-drive cannot be published: {error}"
+        )
+        if await repairs.refuse_in_flight(run.ledger, key, UNPUBLISHABLE, failure):
+            log.error("%s: dead (%s), not re-driven: %s", key, UNPUBLISHABLE, error)
+        return False
+    except PublishError as error:
+        # Refused for the topology (no queue bound), or nacked: the row stays marked and is
+        # tried again after the grace period, reported on each pass; the run goes on.
         run.report.errors.append(f"{row['queue']}/{row['message_id']}: {error}")
         log.error("re-driving %s/%s failed: %s", row["queue"], row["message_id"], error)
         return False

@@ -9,7 +9,7 @@ import logging
 from datetime import UTC, datetime
 
 from rabbitretry.db import query
-from rabbitretry.errors import ConnectionLost, PublishError
+from rabbitretry.errors import ConnectionLost, PublishError, UnpublishableError
 from rabbitretry.publisher import encode
 from rabbitretry.reconcile.expected import Expected, Reconciliation, WindowReport, classify
 from rabbitretry.reconcile.run import Run
@@ -89,7 +89,7 @@ async def _republish(run: Run, queue: str, expected: Expected) -> bool:
         )
     except ConnectionLost:
         raise
-    except PublishError as error:
+    except (PublishError, UnpublishableError) as error:  # this key alone; the others go on
         run.report.errors.append(f"{queue}/{expected.message_id}: {error}")
         return False
     log.info("%s/%s was never seen: re-published", queue, expected.message_id)

@@ -519,6 +519,58 @@ async def test_a_failing_step_is_its_own_and_the_other_steps_still_run(scene: Sc
     assert await scene.rows("SELECT status, tries FROM rabbitretry.outbox") == [("pending", 1)]
 
 
+async def test_a_refused_redrive_fails_that_message_alone_and_the_run_goes_on(
+    scene: Scene,
+) -> None:
+    """Three lost retries: one whose stored headers no longer fit in a frame (content: no
+    re-drive can ever carry it), one of a queue since deleted (its copy comes back unroutable),
+    one fine; and a stuck outbox row. The frame-sized one made RabbitMQ close the connection,
+    ending the step as an outage with the rows behind it; then it was reported again on every
+    pass. Now it ends dead with the reason, the unroutable one is reported and left for the
+    next pass, and everything else is done."""
+    await scene.consumer()
+    await scene.lost_retries(["huge"])
+    gone = Scene(scene.amqp_url, scene.database_url, scene.pool, f"{scene.queue}.gone", [])
+    await gone.lost_retries(["orphan"])
+    await scene.lost_retries(["fine"])
+    await scene.pool.execute(
+        "UPDATE rabbitretry.ledger SET headers = $1::jsonb WHERE message_id = 'huge'",
+        json.dumps({"big": "x" * 200_000}),
+    )
+    async with scene.pool.acquire() as conn, conn.transaction():
+        await Outbox().enqueue(conn, "", {"n": 2}, routing_key=scene.queue, message_id="outbox")
+    await scene.pool.execute("UPDATE rabbitretry.outbox SET next_try_at = now() - interval '1 h'")
+
+    report = await scene.reconciler().run_once()
+
+    assert (report.retries_redriven, report.outbox_published) == (1, 1)
+    assert report.failed_steps == []
+    orphan, huge = sorted(report.errors)  # in the scan's order, which ties may swap
+    assert huge.startswith(
+        f"{scene.queue}/huge: message 'huge' cannot be published: its properties and headers"
+    )
+    assert orphan == (
+        f"{gone.queue}/orphan: no queue is bound for exchange '(default)' with routing key "
+        f"'{gone.queue}'"
+    )
+    assert sorted(await scene.drain()) == ["fine", "outbox"]
+    rows = await scene.pool.fetch(
+        "SELECT message_id, status, reason FROM rabbitretry.ledger ORDER BY message_id"
+    )
+    assert [tuple(row) for row in rows] == [
+        ("fine", "retrying", None),
+        ("huge", "dead", "unpublishable"),
+        ("orphan", "retrying", None),  # re-driven again once its queue is back
+    ]
+    # A second pass (past the grace) never tries the dead one again.
+    await scene.pool.execute(
+        "UPDATE rabbitretry.ledger SET next_retry_at = now() - interval '1 minute',"
+        " redriven_at = NULL"
+    )
+    again = await scene.reconciler().run_once()
+    assert [error.split(":")[0] for error in again.errors] == [f"{gone.queue}/orphan"]
+
+
 # --- business validity -------------------------------------------------------------------------
 
 
