@@ -94,6 +94,9 @@ class RelayStats:
     failed_tries: int = 0
     given_up: int = 0
     unpublishable: int = 0
+    unconfirmed: int = 0
+    """Publishes an outage cut short (no confirm came): their rows stayed pending, no try
+    counted, and each may reach the queue once more than it is marked sent."""
 
 
 @dataclass
@@ -111,11 +114,15 @@ class OutboxRelay:
     max_tries: int = MAX_TRIES
     initial_backoff: float = INITIAL_BACKOFF
     max_backoff: float = MAX_BACKOFF
+    publish_timeout: float = 30.0
+    """Seconds a publish may wait for the broker's confirm before its row is left pending
+    (with heartbeats on, a silent broker is usually noticed sooner: see the operations guide)."""
     stats: RelayStats = field(default_factory=RelayStats)
     ready: bool = field(default=False, init=False)
     """True once connected and listening."""
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _stopping: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _broker_away: bool = field(default=False, init=False)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -161,7 +168,8 @@ class OutboxRelay:
             async with db.answered(conn):
                 rows = await conn.fetch(query("outbox_take"), self.batch_size)
             results = await asyncio.gather(
-                *(publish_row(publisher, row) for row in rows), return_exceptions=True
+                *(publish_row(publisher, row, self.publish_timeout) for row in rows),
+                return_exceptions=True,
             )
             async with db.answered(conn):
                 return await self._settle(conn, rows, results)
@@ -175,11 +183,12 @@ class OutboxRelay:
             await conn.execute(query("outbox_sent"), sent)
             self.stats.sent += len(sent)
         settled = len(sent)
+        lost = [
+            (row, r) for row, r in zip(rows, results, strict=True) if isinstance(r, ConnectionLost)
+        ]
+        self._note_outage(lost, sent=bool(sent))
         for row, result in zip(rows, results, strict=True):
-            if result is None:
-                continue
-            if isinstance(result, ConnectionLost):
-                log.warning("outbox: %s; row %s stays pending", result, row["id"])
+            if result is None or isinstance(result, ConnectionLost):
                 continue
             if isinstance(result, UnpublishableError):
                 await fail_unpublishable(conn, row, result)
@@ -192,6 +201,26 @@ class OutboxRelay:
                 raise result  # cancelled: the rows stay pending for the next relay
             settled += 1
         return settled
+
+    def _note_outage(self, lost: list[tuple[Record, ConnectionLost]], *, sent: bool) -> None:
+        """Say once per outage that the broker is away and the rows stay pending."""
+        if not lost:
+            if sent and self._broker_away:
+                log.info("outbox relay: the broker confirms publishes again")
+                self._broker_away = False
+            return
+        self.stats.unconfirmed += len(lost)
+        (first, error), rest = lost[0], len(lost) - 1
+        more = f" and {rest} more" if rest else ""
+        log.log(
+            logging.DEBUG if self._broker_away else logging.WARNING,
+            "outbox relay: the broker did not confirm; row %s%s stay pending, no try counted, "
+            "and are published again once it answers (%s)",
+            first["id"],
+            more,
+            error,
+        )
+        self._broker_away = True
 
     async def _record_failure(self, conn: Connection, row: Record, error: Exception) -> None:
         if isinstance(error, PublishError):
@@ -246,7 +275,9 @@ class OutboxRelay:
                     await conn.remove_listener(NOTIFY_CHANNEL, wake)
 
 
-async def publish_row(publisher: amqp.ConfirmingPublisher, row: Record) -> None:
+async def publish_row(
+    publisher: amqp.ConfirmingPublisher, row: Record, timeout: float = 30.0
+) -> None:
     """Publish one outbox row as it was enqueued (confirmed, mandatory).
 
     Raises :class:`UnpublishableError`, before sending anything, for a row AMQP cannot carry
@@ -259,6 +290,7 @@ async def publish_row(publisher: amqp.ConfirmingPublisher, row: Record) -> None:
         message_id=row["message_id"],
         headers=json.loads(row["headers"]),
         properties={"content_type": row["content_type"]},
+        timeout=timeout,
     )
 
 

@@ -23,7 +23,13 @@ import aio_pika
 import aiormq
 from aio_pika.abc import DeliveryMode
 
-from rabbitretry.amqp.connection import CHANNEL_ERRORS, Channel, Connection, is_up
+from rabbitretry.amqp.connection import (
+    CHANNEL_ERRORS,
+    Channel,
+    Connection,
+    cancelled_by_a_closing_connection,
+    is_up,
+)
 from rabbitretry.amqp.frame_size import frame_max, why_over_a_frame
 from rabbitretry.amqp.probe import Prober
 from rabbitretry.errors import (
@@ -130,10 +136,26 @@ class ConfirmingPublisher:
                 self._existing.discard(exchange)  # deleted since it was looked up
                 raise _refused(message_id, exchange, error) from error
             raise ConnectionLost(f"publishing message {message_id!r} failed: {error}") from error
+        except TimeoutError as error:
+            # A broker that keeps the connection but stops answering: the heartbeat would
+            # notice too, after 3 * (heartbeat + 1) s, but no publish waits longer than this.
+            raise ConnectionLost(
+                f"publishing message {message_id!r} failed: no answer from the broker "
+                f"within {timeout:g} s"
+            ) from error
         except (*CHANNEL_ERRORS, RuntimeError) as error:
             # aio-pika raises a bare RuntimeError for a channel whose connection has closed.
             raise ConnectionLost(
                 f"publishing message {message_id!r} failed: {error or type(error).__name__}"
+            ) from error
+        except asyncio.CancelledError as error:
+            if not cancelled_by_a_closing_connection():
+                raise
+            # The confirms in flight, rejected by a connection that closed itself (a silent
+            # broker): a lost connection, not a cancellation of whatever awaited the publish.
+            raise ConnectionLost(
+                f"publishing message {message_id!r} failed: the connection was lost before "
+                "the broker confirmed it"
             ) from error
 
     @contextlib.asynccontextmanager

@@ -324,6 +324,15 @@ def node_url(connection: Connection) -> str:
     return urls.mask_url(str(getattr(connection, "url", "")))
 
 
+def cancelled_by_a_closing_connection() -> bool:
+    """Whether a ``CancelledError`` just caught came from a connection that closed under the
+    call (aiormq rejects every future in flight with one when it closes a connection itself:
+    a silent broker, no frame for three heartbeats), not from a cancellation of this task
+    (``task.cancel()``, a timeout), which must go on."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() == 0
+
+
 def is_up(connection: Connection) -> bool:
     """True while ``connection`` is open: ``is_closed`` stays False while a robust connection
     reconnects, its ``connected`` event does not."""

@@ -10,10 +10,20 @@ from typing import Literal
 import aio_pika
 import aiormq
 
-from rabbitretry.amqp.connection import CHANNEL_ERRORS, Channel, Connection
+from rabbitretry.amqp.connection import (
+    CHANNEL_ERRORS,
+    Channel,
+    Connection,
+    cancelled_by_a_closing_connection,
+    error_text,
+)
 from rabbitretry.errors import ServiceUnavailable, TopologyError
 
 ProbeOutcome = Literal["ok", "not-found", "precondition-failed"]
+
+PROBE_TIMEOUT = 30.0
+"""Seconds a probe (opening its channel included) may take before the broker is taken for
+silent: a :class:`ServiceUnavailable`, like a lost connection."""
 
 
 class Prober:
@@ -25,9 +35,10 @@ class Prober:
     :class:`ServiceUnavailable`.
     """
 
-    def __init__(self, connection: Connection) -> None:
+    def __init__(self, connection: Connection, *, timeout: float = PROBE_TIMEOUT) -> None:
         self._connection = connection
         self._channel: Channel | None = None
+        self._timeout = timeout
 
     async def channel(self) -> Channel:
         if self._channel is None or self._channel.is_closed:
@@ -42,7 +53,20 @@ class Prober:
     ) -> tuple[ProbeOutcome, str]:
         """Run ``action``: the outcome and, for a refusal, the broker's reply text."""
         try:
-            await action(await self.channel())
+            # Bounded as a whole: a broker that keeps the connection but stops answering
+            # would hold it until the heartbeat noticed, or for ever with heartbeats off.
+            async with asyncio.timeout(self._timeout):
+                await action(await self.channel())
+        except TimeoutError as error:
+            raise ServiceUnavailable(
+                f"RabbitMQ did not answer within {self._timeout:g} s"
+            ) from error
+        except asyncio.CancelledError as error:
+            if not cancelled_by_a_closing_connection():
+                raise
+            raise ServiceUnavailable(
+                "lost the connection to RabbitMQ: it closed before the broker answered"
+            ) from error
         except aiormq.exceptions.ChannelNotFoundEntity as error:
             return "not-found", str(error)
         except aiormq.exceptions.ChannelPreconditionFailed as error:
@@ -51,7 +75,7 @@ class Prober:
             raise TopologyError(f"RabbitMQ refused: {error}") from error
         except (*CHANNEL_ERRORS, aiormq.exceptions.ChannelInvalidStateError) as error:
             raise ServiceUnavailable(
-                f"lost the connection to RabbitMQ: {error or type(error).__name__}"
+                f"lost the connection to RabbitMQ: {error_text(error)}"
             ) from error
         return "ok", ""
 

@@ -154,6 +154,7 @@ class Reconciler:
         )
         connection = self._connection
         assert connection is not None  # opened with the publisher
+        outage = _BrokerOutage(connection)
 
         async def overdue_retries() -> None:
             report.retries_redriven = await redrive(
@@ -179,16 +180,17 @@ class Reconciler:
                 errors=report.errors,
             )
 
-        await _isolated(report, "overdue retries", overdue_retries)
-        await _isolated(report, "expired leases", expired_leases)
-        await _isolated(report, "stuck outbox", stuck_outbox)
-        await _isolated(report, "dead-letter queues", dead_letter_queues)
+        await _isolated(report, outage, "overdue retries", overdue_retries)
+        await _isolated(report, outage, "expired leases", expired_leases)
+        await _isolated(report, outage, "stuck outbox", stuck_outbox)
+        await _isolated(report, outage, "dead-letter queues", dead_letter_queues)
         for item in self.reconciliations:
 
             async def window(item: Reconciliation = item) -> None:
                 report.windows.append(await check_window(run, item))
 
-            await _isolated(report, f"reconciliation {item.name}", window)
+            await _isolated(report, outage, f"reconciliation {item.name}", window)
+        outage.log()
 
     async def close(self) -> None:
         if self._connection is not None:
@@ -218,20 +220,83 @@ def _log_failed_run(error: Exception, interval: float) -> None:
     log.warning("reconciler run failed: %s; trying again in %g s", why, interval)
 
 
-async def _isolated(report: RunReport, step: str, run_step: Callable[[], Awaitable[None]]) -> None:
+class _BrokerOutage:
+    """Whether a step of this run found the broker away, and which steps that cost.
+
+    A silent broker fails a step only after a bound (the heartbeat's verdict or a publish
+    timeout): once one step has met it, or the run starts while the connection is down, the
+    later steps fail at once without touching the broker, and the run says so in one line.
+    """
+
+    def __init__(self, connection: amqp.Connection) -> None:
+        self.connection = connection
+        self.why = None if amqp.is_up(connection) else "its connection is down, reconnecting"
+        self.steps: list[str] = []
+
+    def met(self, error: BaseException) -> bool:
+        """Whether ``error`` says the broker is away (remembered for the later steps)."""
+        if isinstance(error, amqp.CHANNEL_ERRORS) and not amqp.is_up(self.connection):
+            pass  # whatever a channel raised, its connection is gone
+        elif not isinstance(error, (ConnectionLost, ServiceUnavailable)):
+            return False
+        self.why = str(error) or type(error).__name__
+        return True
+
+    def log(self) -> None:
+        if self.steps:
+            log.warning(
+                "reconciler run: the broker is unreachable (%s); not done: %s; the next run "
+                "tries again",
+                self.why,
+                ", ".join(self.steps),
+            )
+
+
+async def _isolated(
+    report: RunReport,
+    outage: _BrokerOutage,
+    step: str,
+    run_step: Callable[[], Awaitable[None]],
+) -> None:
     """Run one step; its failure is the step's alone: logged, reported, and the run goes on.
 
     A bug in one step no longer hides what the others would have found. A step that fails
     because a service is away fails fast, so the later steps cost little then; but a silent
-    database fails each statement only after ``db.SILENT_AFTER``, so it ends the run.
+    database fails each statement only after ``db.SILENT_AFTER``, so it ends the run, and once
+    a step found the broker away (silent, within its bound) the later ones fail at once.
     """
+    if outage.why is not None:
+        report.failed_steps.append(step)
+        report.errors.append(f"{step}: not run, the broker is unreachable")
+        outage.steps.append(step)
+        return
     try:
         await run_step()
     except db.DatabaseSilent:
         report.failed_steps.append(step)
         raise
+    except asyncio.CancelledError as error:
+        if not amqp.cancelled_by_a_closing_connection():
+            raise
+        lost = ConnectionLost("the connection to RabbitMQ closed before the broker answered")
+        lost.__cause__ = error
+        outage.met(lost)
+        _failed_for_the_broker(report, outage, step, lost)
     except Exception as error:
+        if outage.met(error):
+            _failed_for_the_broker(report, outage, step, error)
+            return
         log.error("reconciler step %s failed: %s: %s", step, type(error).__name__, error)
         log.debug("reconciler step %s failed", step, exc_info=error)
         report.failed_steps.append(step)
         report.errors.append(f"{step}: {type(error).__name__}: {error}")
+
+
+def _failed_for_the_broker(
+    report: RunReport, outage: _BrokerOutage, step: str, error: BaseException
+) -> None:
+    """An outage, not a bug: said once for the run (:meth:`_BrokerOutage.log`)."""
+    log.debug("reconciler step %s failed: the broker is unreachable", step, exc_info=error)
+    report.failed_steps.append(step)
+    report.errors.append(f"{step}: {type(error).__name__}: {error}")
+    outage.steps.append(step)
