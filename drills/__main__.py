@@ -23,10 +23,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         description=(
             "Publish seeded messages (20%% transient failures, 1%% poison, 0.5%% that crash the "
             "worker, 5%% with a 1-4 s handler) to a supervised `rabbitretry run` worker; SIGKILL "
-            "it three times, cut its broker and database connections, restart RabbitMQ's "
-            "application, crash PostgreSQL (a private server of the drill's own, stopped in "
-            "immediate mode); then check the ledger and the effects table: every message "
-            "finished once, nothing lost. "
+            "it three times, cut its broker and database connections, silence each (connections "
+            "kept, no byte through), restart RabbitMQ's application, crash PostgreSQL (a "
+            "private server of the drill's own, stopped in immediate mode); then check the "
+            "ledger and the effects table: every message finished once, nothing lost. "
             "It restarts the broker: run it alone on a shared one (see docs/drills.md)."
         ),
     )

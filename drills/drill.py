@@ -27,14 +27,14 @@ from urllib.parse import urlsplit
 
 from drills.clock import Clock
 from drills.consumer import STARTS_ENV
-from drills.faults import Faults
+from drills.faults import BROKER_HEARTBEAT, Faults
 from drills.plan import Plan, make_plan
 from drills.private_postgres import PrivatePostgres, private_postgres
 from drills.scratch import Keep, drill_queue, proxied, scratch_database
 from drills.settle import Settled, publish_and_settle
 from drills.supervisor import Supervisor
 from drills.verify import Verdict
-from rabbitretry import db
+from rabbitretry import db, urls
 from rabbitretry.reconcile.reconciler import Reconciler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,13 +133,12 @@ async def run_drill(config: DrillConfig, say: Callable[[str], None] = print) -> 
             await stack.enter_async_context(drill_queue(config.amqp_url, queue))
             broker_proxy = await stack.enter_async_context(proxied(config.amqp_url))
             database_proxy = await stack.enter_async_context(proxied(database_url))
+            # A short heartbeat, so that a silent broker is noticed within the drill's time.
+            broker_url = urls.with_heartbeat(
+                broker_proxy.url_for(config.amqp_url), BROKER_HEARTBEAT
+            )
             supervisor = _worker(
-                config,
-                queue,
-                broker_proxy.url_for(config.amqp_url),
-                database_proxy.url_for(database_url),
-                logs,
-                starts,
+                config, queue, broker_url, database_proxy.url_for(database_url), logs, starts
             )
             broker = urlsplit(config.amqp_url)
             faults = Faults(
@@ -153,7 +152,9 @@ async def run_drill(config: DrillConfig, say: Callable[[str], None] = print) -> 
             )
             try:
                 supervisor.start()
-                settled = await _exercise(config, plan, queue, database_url, faults, clock, starts)
+                settled = await _exercise(
+                    config, plan, queue, broker_url, database_url, faults, clock, starts
+                )
             finally:
                 faults.restore()
                 await supervisor.stop()
@@ -207,13 +208,15 @@ async def _exercise(
     config: DrillConfig,
     plan: Plan,
     queue: str,
+    broker_url: str,
     database_url: str,
     faults: Faults,
     clock: Clock,
     starts: Path,
 ) -> Settled:
-    """Publish and inject the faults with a reconciler running, wait for the work to settle."""
-    async with _reconciling(config.amqp_url, database_url):
+    """Publish and inject the faults with a reconciler running (its broker through the proxy,
+    as the worker's), wait for the work to settle."""
+    async with _reconciling(broker_url, database_url):
         return await publish_and_settle(
             config.amqp_url,
             plan,

@@ -1,7 +1,8 @@
 """The faults a drill injects, and the promise to undo every one of them.
 
 Connections are cut, or stalled (kept open, no byte through), through TCP proxies of the
-drill's own on loopback (the worker reaches RabbitMQ and PostgreSQL only through them). The
+drill's own on loopback (the worker reaches RabbitMQ and PostgreSQL only through them, the
+reconciler RabbitMQ). The
 broker restart stops and starts RabbitMQ's application with ``rabbitmqctl``: that affects
 everyone on the broker, so run the drill alone on a shared one (see docs/drills.md). The
 database crash stops the drill's private PostgreSQL server in immediate mode and starts it
@@ -32,6 +33,12 @@ DATABASE_DOWN_SECONDS = 2.0  # between the immediate stop and the start
 # A silent database, for longer than a worker waits for a ledger statement's answer: the
 # worker must take it for an outage, pause, and resume by itself.
 STALL_SECONDS = db.SILENT_AFTER + 2.0
+# The heartbeat (seconds) the drill's worker and reconciler ask for on their way through the
+# broker proxy, and a silent broker for longer than its verdict (no frame for
+# 3 * (heartbeat + 1) s, checked every heartbeat): both must take their connections for lost,
+# reconnect, and go on by themselves.
+BROKER_HEARTBEAT = 2
+BROKER_STALL_SECONDS = 3 * (BROKER_HEARTBEAT + 1) + BROKER_HEARTBEAT + 2.0
 
 
 @dataclass
@@ -58,7 +65,9 @@ class Faults:
         elif fault == "cut-database":
             await self._cut(self.database_proxy, "database")
         elif fault == "stall-database":
-            await self._stall(self.database_proxy, "database")
+            await self._stall(self.database_proxy, "database", STALL_SECONDS)
+        elif fault == "stall-broker":
+            await self._stall(self.broker_proxy, "broker", BROKER_STALL_SECONDS)
         elif fault == "restart-broker":
             await self._restart_broker()
         elif fault == "crash-database":
@@ -73,11 +82,11 @@ class Faults:
         finally:
             proxy.restore()
 
-    async def _stall(self, proxy: Proxy, what: str) -> None:
-        self.say(f"the {what} stops answering for {STALL_SECONDS:.0f} s (connections kept)")
+    async def _stall(self, proxy: Proxy, what: str, seconds: float) -> None:
+        self.say(f"the {what} stops answering for {seconds:.0f} s (connections kept)")
         proxy.stall()
         try:
-            await asyncio.sleep(STALL_SECONDS)
+            await asyncio.sleep(seconds)
         finally:
             proxy.restore()
 

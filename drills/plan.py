@@ -28,14 +28,16 @@ Fault = Literal[
     "cut-broker",
     "cut-database",
     "stall-database",
+    "stall-broker",
     "restart-broker",
     "crash-database",
     "stop-leader",
 ]
 
 # The reference drills: three SIGKILLs, one cut of each connection, a database that stops
-# answering (connections kept) for longer than the worker waits for an answer, one broker
-# restart, one database crash (PostgreSQL stopped in immediate mode, started again 2 s later).
+# answering (connections kept) for longer than the worker waits for an answer, a broker that
+# does the same past the heartbeat's verdict, one broker restart, one database crash
+# (PostgreSQL stopped in immediate mode, started again 2 s later).
 FAULTS: tuple[Fault, ...] = (
     "kill",
     "kill",
@@ -43,6 +45,7 @@ FAULTS: tuple[Fault, ...] = (
     "cut-broker",
     "cut-database",
     "stall-database",
+    "stall-broker",
     "restart-broker",
     "crash-database",
 )
