@@ -19,7 +19,7 @@ import contextlib
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, get_args
 
 from pydantic import TypeAdapter
 
@@ -39,6 +39,8 @@ from rabbitretry.topology.model import (
 )
 
 Payload = TypeVar("Payload")
+KeepPayload = Literal["until-success", "always"]
+"""Whether a succeeded message keeps its payload, headers and properties in the ledger."""
 
 # RabbitMQ requeues a delivery that is not acked within consumer_timeout (30 minutes by
 # default). An attempt must end well before that, or the broker hands the message to someone
@@ -176,6 +178,11 @@ class Consumer(Generic[Payload]):
                          primaries, the key ``(queue, message_id)`` never spans two
 
     ``recover_retry``    the :class:`RetryPolicy` of the recover hook's runs (None: ``retry``)
+    ``keep_payload``     ``"until-success"``: a message's payload, headers and properties are
+                         kept while it may be retried, replayed or re-driven, and dropped
+                         from the ledger when it succeeds (its key, status, attempts and
+                         times stay); ``"always"``: kept with the succeeded row too, to be
+                         read in the console until the row is pruned
 
     Override :meth:`should_skip` to skip messages by a business rule, and :meth:`on_dead` to
     run a recover hook for every message that ends dead.
@@ -194,6 +201,7 @@ class Consumer(Generic[Payload]):
     database_url: ClassVar[str | None] = None
     downstreams: ClassVar[Sequence[Downstream]] = ()
     recover_retry: ClassVar[RetryPolicy | None] = None
+    keep_payload: ClassVar[KeepPayload] = "until-success"
 
     payload_adapter: ClassVar[TypeAdapter[Any]]
 
@@ -310,6 +318,10 @@ def _check(cls: type[Consumer[Any]]) -> None:
     if cls.database_url is not None:
         urls.check_database_url(cls.database_url, f"{name}.database_url")
     _check_downstreams(name, cls.downstreams)
+    if cls.keep_payload not in get_args(KeepPayload):
+        raise ConfigurationError(
+            f'{name}.keep_payload must be "until-success" or "always", not {cls.keep_payload!r}'
+        )
     if cls.lease < 1:
         raise ConfigurationError(f"{name}.lease must be at least 1 second")
     if cls.handle is Consumer.handle:

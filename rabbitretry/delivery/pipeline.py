@@ -104,7 +104,14 @@ class Pipeline:
         )
         self._fields = LogFields(self.queue, worker_id)
         self.copies = Copies(publisher, self.queue, self.queue_type, self.dead_queue, self._fields)
-        self.verdicts = Verdicts(self.ledger, self.queue, self.policy, self.copies, self._fields)
+        self.verdicts = Verdicts(
+            self.ledger,
+            self.queue,
+            self.policy,
+            self.copies,
+            self._fields,
+            keep_snapshot=type(consumer).keep_payload == "always",
+        )
         self.breakers = breakers
         self.downstreams = type(consumer).downstreams
         self.downstream_names = [d.name for d in self.downstreams]

@@ -42,12 +42,16 @@ class Verdicts:
         policy: RetryPolicy,
         copies: Copies,
         fields: LogFields,
+        *,
+        keep_snapshot: bool = False,
     ) -> None:
         self.ledger = ledger
         self.queue = queue
         self.policy = policy
         self.copies = copies
         self._fields = fields
+        self.keep_snapshot = keep_snapshot
+        """Whether a succeeded message keeps its snapshot (keep_payload = "always")."""
 
     async def record(
         self,
@@ -144,7 +148,9 @@ class Verdicts:
             transaction = None  # the handler used no transaction: a grouped success mark
         in_transaction = transaction is not None
         try:
-            committed = await self.ledger.succeed(key, claim.attempt, transaction)
+            committed = await self.ledger.succeed(
+                key, claim.attempt, transaction, keep_snapshot=self.keep_snapshot
+            )
         except CommitFailed as failed:
             return await self._commit_failed(key, claim, snapshot, failed)
         if not committed:

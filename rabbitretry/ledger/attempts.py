@@ -16,7 +16,7 @@ from typing import Literal, Protocol
 from rabbitretry.db import Connection, Pool, Record, answering, write_refusal
 from rabbitretry.errors import ServiceUnavailable
 from rabbitretry.ledger import repairs, statements
-from rabbitretry.ledger.commits import AttemptRef, ClaimRequest, commits_for
+from rabbitretry.ledger.commits import AttemptRef, ClaimRequest, Success, commits_for
 from rabbitretry.ledger.failures import Failure
 from rabbitretry.ledger.statements import FINISHED, Claim, Key, Snapshot
 
@@ -61,14 +61,22 @@ class AttemptLedger:
             return await statements.renew_lease(conn, key, attempt, lease_seconds)
 
     async def succeed(
-        self, key: Key, attempt: int, transaction: OpenTransaction | None = None
+        self,
+        key: Key,
+        attempt: int,
+        transaction: OpenTransaction | None = None,
+        *,
+        keep_snapshot: bool = False,
     ) -> bool:
-        """Mark ``attempt`` succeeded (in ``transaction``, if the handler opened one)."""
+        """Mark ``attempt`` succeeded (in ``transaction``, if the handler opened one); the
+        message's snapshot is dropped unless ``keep_snapshot``."""
         if transaction is None:
-            return await self._commits.successes.submit(AttemptRef(key, attempt))
+            return await self._commits.successes.submit(Success(key, attempt, keep_snapshot))
 
         async def mark(conn: Connection) -> bool:
-            return await statements.finish(conn, key, attempt, "succeeded")
+            return await statements.finish(
+                conn, key, attempt, "succeeded", keep_snapshot=keep_snapshot
+            )
 
         return await transaction.commit_with(mark)
 

@@ -267,6 +267,15 @@ class AttemptRef:
     attempt: int
 
 
+@dataclass(frozen=True)
+class Success:
+    """A success mark: the attempt, and whether its message keeps its snapshot."""
+
+    key: Key
+    attempt: int
+    keep_snapshot: bool = False
+
+
 class LedgerCommits:
     """The commit groups of one ledger pool: claims, start marks, and success marks without
     effects."""
@@ -277,8 +286,8 @@ class LedgerCommits:
         self.starts: CommitGroup[AttemptRef, bool] = CommitGroup(
             pool, _marks_group("batching_started_many"), _start_one
         )
-        self.successes: CommitGroup[AttemptRef, bool] = CommitGroup(
-            pool, _marks_group("batching_succeeded_many"), _success_one
+        self.successes: CommitGroup[Success, bool] = CommitGroup(
+            pool, _successes_group, _success_one
         )
 
 
@@ -325,8 +334,22 @@ async def _start_one(conn: Connection, r: AttemptRef) -> bool:
     return await statements.mark_started(conn, r.key, r.attempt)
 
 
-async def _success_one(conn: Connection, r: AttemptRef) -> bool:
-    return await statements.finish(conn, r.key, r.attempt, "succeeded")
+async def _success_one(conn: Connection, r: Success) -> bool:
+    return await statements.finish(
+        conn, r.key, r.attempt, "succeeded", keep_snapshot=r.keep_snapshot
+    )
+
+
+async def _successes_group(conn: Connection, requests: Sequence[Success]) -> list[bool]:
+    rs = sorted(requests, key=lambda r: _key_order(r.key))
+    rows = await conn.fetch(
+        query("batching_succeeded_many"),
+        [r.key.queue for r in rs],
+        [r.key.message_id for r in rs],
+        [r.attempt for r in rs],
+        [r.keep_snapshot for r in rs],
+    )
+    return _marked(rows, requests)
 
 
 def _marks_group(
@@ -343,10 +366,15 @@ def _marks_group(
             [r.key.message_id for r in rs],
             [r.attempt for r in rs],
         )
-        marked = {(row["queue"], row["message_id"], row["attempt"]) for row in rows}
-        return [(r.key.queue, r.key.message_id, r.attempt) in marked for r in requests]
+        return _marked(rows, requests)
 
     return run
+
+
+def _marked(rows: Sequence[Any], requests: Sequence[AttemptRef | Success]) -> list[bool]:
+    """Whether each request's attempt is among the ``rows`` a group statement marked."""
+    marked = {(row["queue"], row["message_id"], row["attempt"]) for row in rows}
+    return [(r.key.queue, r.key.message_id, r.attempt) in marked for r in requests]
 
 
 def _key_order(key: Key) -> tuple[str, str]:

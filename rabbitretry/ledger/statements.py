@@ -141,8 +141,10 @@ async def finish(
     *,
     reason: str | None = None,
     failure: Failure | None = None,
+    keep_snapshot: bool = False,
 ) -> bool:
-    """Close ``attempt``; False when it was no longer the current attempt (lease lost)."""
+    """Close ``attempt``; False when it was no longer the current attempt (lease lost). A
+    succeeded message's snapshot is dropped unless ``keep_snapshot``."""
     return (
         await executor.fetchval(
             query("finish_attempt"),
@@ -155,6 +157,7 @@ async def finish(
             failure.message if failure else None,
             failure.traceback if failure else None,
             failure.fingerprint if failure else None,
+            keep_snapshot,
         )
         is not None
     )

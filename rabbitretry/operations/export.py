@@ -33,10 +33,13 @@ _FIELDS = (
 
 def export_line(row: Record) -> str:
     """One message as a JSON line; the payload as JSON when it is JSON, else base64."""
-    body = bytes(row["payload"])
     entry: dict[str, Any] = {k: row[k] for k in _FIELDS}
     entry["first_seen"] = row["first_seen"].isoformat()
     entry["finished_at"] = row["finished_at"].isoformat() if row["finished_at"] else None
+    if row["payload"] is None:  # a succeeded message whose snapshot was dropped
+        entry["payload"] = entry["headers"] = entry["properties"] = None
+        return json.dumps(entry, ensure_ascii=False, default=str)
+    body = bytes(row["payload"])
     entry["headers"] = json.loads(row["headers"])
     entry["properties"] = json.loads(row["properties"])
     try:

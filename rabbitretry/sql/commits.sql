@@ -35,15 +35,19 @@ SELECT ord, verdict, attempt, budget_attempt, wait_seconds, status,
 FROM claims ORDER BY ord;
 
 -- name: batching_succeeded_many
--- The success marks of many attempts (as `finish_attempt` with status succeeded), in one
--- synchronous commit. Returns the attempts that were still current; one missing had lost
--- its lease to another attempt.
+-- The success marks of many attempts (as `finish_attempt` with status succeeded; $4: keep
+-- each one's snapshot), in one synchronous commit. Returns the attempts that were still
+-- current; one missing had lost its lease to another attempt.
 WITH finished AS (
     UPDATE rabbitretry.ledger l
     SET status = 'succeeded', reason = NULL, error_type = NULL, error_message = NULL,
         error_traceback = NULL, error_fingerprint = NULL, finished_at = now(),
-        updated_at = now(), lease_until = NULL, next_retry_at = NULL
-    FROM unnest($1::text[], $2::text[], $3::int[]) AS i(queue, message_id, attempt)
+        updated_at = now(), lease_until = NULL, next_retry_at = NULL,
+        payload = CASE WHEN i.keep THEN l.payload END,
+        headers = CASE WHEN i.keep THEN l.headers END,
+        properties = CASE WHEN i.keep THEN l.properties END
+    FROM unnest($1::text[], $2::text[], $3::int[], $4::bool[])
+         AS i(queue, message_id, attempt, keep)
     WHERE l.queue = i.queue AND l.message_id = i.message_id AND l.attempts = i.attempt
       AND l.status = 'processing'
     RETURNING l.queue, l.message_id, l.attempts

@@ -48,9 +48,11 @@ CREATE TABLE rabbitretry.ledger (
     error_message        text,
     error_traceback      text,
     error_fingerprint    text,
-    payload              bytea       NOT NULL,
-    headers              jsonb       NOT NULL DEFAULT '{}',
-    properties           jsonb       NOT NULL DEFAULT '{}',
+    -- The snapshot a replay, a re-drive or a retry copy sends again: NULL once a message
+    -- succeeded, unless its consumer keeps it (keep_payload = "always").
+    payload              bytea,
+    headers              jsonb       DEFAULT '{}',
+    properties           jsonb       DEFAULT '{}',
     exchange             text        NOT NULL DEFAULT '',
     routing_key          text        NOT NULL DEFAULT '',
     replays              integer     NOT NULL DEFAULT 0,
@@ -61,7 +63,11 @@ CREATE TABLE rabbitretry.ledger (
     redrives             integer     NOT NULL DEFAULT 0,
     PRIMARY KEY (queue, message_id),
     CONSTRAINT ledger_check CHECK (status <> 'retrying' OR next_retry_at IS NOT NULL),
-    CONSTRAINT ledger_check1 CHECK (status <> 'processing' OR lease_until IS NOT NULL)
+    CONSTRAINT ledger_check1 CHECK (status <> 'processing' OR lease_until IS NOT NULL),
+    CONSTRAINT ledger_snapshot_kept CHECK (
+        status = 'succeeded' OR (payload IS NOT NULL AND headers IS NOT NULL
+                                 AND properties IS NOT NULL)
+    )
 );
 
 -- Served scans: dead letters by queue and age, retries coming due, leases running out.
@@ -715,7 +721,7 @@ CREATE TRIGGER ledger_recover_on_dead
 -- Migrations ---------------------------------------------------------------------------------
 
 -- The migrations applied (rabbitretry.db.migrate writes a row per migration); these rows say
--- that this schema stands for migrations 0001 to 0013.
+-- that this schema stands for migrations 0001 to 0014.
 CREATE TABLE rabbitretry.schema_migration (
     version     integer     PRIMARY KEY,
     name        text        NOT NULL,
@@ -734,4 +740,5 @@ INSERT INTO rabbitretry.schema_migration (version, name) VALUES
     (10, 'handler_started'),
     (11, 'downstreams'),
     (12, 'recover_hooks'),
-    (13, 'hot_attempts');
+    (13, 'hot_attempts'),
+    (14, 'snapshot_until_success');

@@ -25,12 +25,16 @@ RETURNING 1;
 
 -- name: finish_attempt
 -- Closes attempt $3 of a key as succeeded, dead or skipped; the ledger row follows in the same
--- statement. No row returned means the attempt had lost its lease to another one.
+-- statement. No row returned means the attempt had lost its lease to another one. $10: keep
+-- the snapshot of a succeeded message (its consumer's keep_payload = "always").
 WITH finished AS (
     UPDATE rabbitretry.ledger
     SET status = $4, reason = $5, error_type = $6, error_message = $7, error_traceback = $8,
         error_fingerprint = $9, finished_at = now(), updated_at = now(),
-        lease_until = NULL, next_retry_at = NULL
+        lease_until = NULL, next_retry_at = NULL,
+        payload = CASE WHEN $4 = 'succeeded' AND NOT $10 THEN NULL ELSE payload END,
+        headers = CASE WHEN $4 = 'succeeded' AND NOT $10 THEN NULL ELSE headers END,
+        properties = CASE WHEN $4 = 'succeeded' AND NOT $10 THEN NULL ELSE properties END
     WHERE queue = $1 AND message_id = $2 AND attempts = $3 AND status = 'processing'
     RETURNING queue, message_id, attempts
 )

@@ -11,7 +11,7 @@ import pytest
 from rabbitretry import Consumer, Context
 from rabbitretry.db import query
 from rabbitretry.ledger import Key, Snapshot
-from rabbitretry.ledger.commits import AttemptRef, ClaimRequest, LedgerCommits
+from rabbitretry.ledger.commits import ClaimRequest, LedgerCommits, Success
 from tests.integration.harness import publish, running_worker, wait_for
 
 pytestmark = pytest.mark.asyncio
@@ -51,20 +51,21 @@ async def test_a_group_of_claims_and_success_marks_writes_what_single_ones_would
     assert all('"h": 1' in r["headers"] for r in rows)
 
     marks = await asyncio.gather(
-        commits.successes.submit(AttemptRef(Key("q", "a"), 1)),
-        commits.successes.submit(AttemptRef(Key("q", "b"), 2)),  # not the current attempt
-        commits.successes.submit(AttemptRef(Key("q", "c"), 1)),
+        commits.successes.submit(Success(Key("q", "a"), 1)),
+        commits.successes.submit(Success(Key("q", "b"), 2)),  # not the current attempt
+        commits.successes.submit(Success(Key("q", "c"), 1, keep_snapshot=True)),
     )
     assert list(marks) == [True, False, True]
     statuses = await pool.fetch(
-        "SELECT l.message_id, l.status, a.outcome, a.finished_at IS NOT NULL AS closed"
+        "SELECT l.message_id, l.status, a.outcome, a.finished_at IS NOT NULL AS closed,"
+        " l.payload IS NOT NULL AND l.headers IS NOT NULL AND l.properties IS NOT NULL AS kept"
         " FROM rabbitretry.ledger l JOIN rabbitretry.attempt a USING (queue, message_id)"
         " ORDER BY l.message_id"
     )
     assert [tuple(r) for r in statuses] == [
-        ("a", "succeeded", "succeeded", True),
-        ("b", "processing", None, False),
-        ("c", "succeeded", "succeeded", True),
+        ("a", "succeeded", "succeeded", True, False),  # its snapshot dropped on success
+        ("b", "processing", None, False, True),
+        ("c", "succeeded", "succeeded", True, True),  # keep_payload = "always"
     ]
 
 

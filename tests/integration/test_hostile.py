@@ -105,6 +105,7 @@ async def test_headers_and_properties_the_database_refuses_are_stored_escaped(
         seen.append(dict(ctx.headers))
 
     consumer = make_consumer(queue_name, handler, policy=FAST)
+    consumer.keep_payload = "always"  # the snapshot is read from the succeeded row
     cleanup.append(consumer)
     async with running_worker([consumer], amqp_url, database_url):
         await publish_raw(amqp_url, queue_name, b'{"n": 1}', message_id="odd", **properties)

@@ -124,6 +124,7 @@ async def test_ignore_and_edit_then_replay(
         broken = False
 
     consumer = orders_consumer(queue_name, Broken)
+    consumer.keep_payload = "always"  # the replayed payload is read from the row
     cleanup.append(consumer)
     bodies: dict[str, Any] = {"neg": {"order": -1}, "skip": {"order": -2}}
     async with dead_letters(consumer, amqp_url, database_url, pool, bodies):

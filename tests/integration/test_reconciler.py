@@ -648,7 +648,7 @@ async def test_a_key_never_published_is_republished_once_and_its_late_original_d
     async def handle(msg: Job, ctx: Context) -> None:
         calls[ctx.message_id] += 1
 
-    consumer = await scene.consumer(handle, declared=False)
+    consumer = await scene.consumer(handle, declared=False, keep_payload="always")
     orders = [Expected(f"order-{n}", {"n": n}) for n in (1, 2, 3)]
     reconciler = scene.reconciler(reconciliations=[expecting("paid_orders", scene.queue, orders)])
     async with running_worker([consumer], scene.amqp_url, scene.database_url) as worker:

@@ -231,6 +231,25 @@ def test_a_retry_that_is_not_a_policy_is_a_configuration_error() -> None:
                 pass
 
 
+def test_keep_payload_is_until_success_unless_always() -> None:
+    class Keeping(Consumer[OrderPaid]):
+        queue = "keeping"
+        keep_payload = "always"
+
+        async def handle(self, msg: OrderPaid, ctx: Context) -> None:
+            pass
+
+    assert Consumer.keep_payload == "until-success" and Keeping.keep_payload == "always"
+    with pytest.raises(ConfigurationError, match=r'keep_payload must be "until-success" or'):
+
+        class Sloppy(Consumer[OrderPaid]):
+            queue = "sloppy"
+            keep_payload = "forever"  # type: ignore[assignment]
+
+            async def handle(self, msg: OrderPaid, ctx: Context) -> None:
+                pass
+
+
 def test_a_class_without_a_queue_is_not_checked() -> None:
     class Abstract(Consumer[OrderPaid]):
         timeout = 10_000  # would be refused on a concrete consumer

@@ -15,6 +15,11 @@ from rabbitretry.topology import names
 # Short values that a narrow terminal should never fold; the long ones (keys, errors) fold.
 _NO_WRAP = {"fingerprint", "messages", "attempts", "status", "first", "last", "age"}
 
+NOT_KEPT = (
+    "(not kept: the message succeeded, and its consumer keeps no payload, headers or "
+    'properties after a success; keep_payload = "always" keeps them)'
+)
+
 
 def print_messages(rows: list[Record], what: str, limit: int) -> None:
     table = Table(title=f"{len(rows)} {what} message(s)" + _limit_note(rows, limit))
@@ -103,10 +108,15 @@ def print_entry(
         summary.add_row(name, str(value))
     out.print(summary)
     out.print("\n[bold]payload[/bold]")
-    out.print(_pretty_payload(bytes(row["payload"])), markup=False, highlight=False)
-    headers = json.loads(row["headers"])
-    out.print("\n[bold]headers[/bold]")
-    out.print(json.dumps(headers, indent=2, sort_keys=True) if headers else "(none)", markup=False)
+    if row["payload"] is None:
+        out.print(NOT_KEPT, markup=False)
+    else:
+        out.print(_pretty_payload(bytes(row["payload"])), markup=False, highlight=False)
+        headers = json.loads(row["headers"])
+        out.print("\n[bold]headers[/bold]")
+        out.print(
+            json.dumps(headers, indent=2, sort_keys=True) if headers else "(none)", markup=False
+        )
     history = Table(title="attempts", title_justify="left")
     for column in ("#", "started", "duration", "outcome", "error", "worker"):
         history.add_column(column, overflow="fold")

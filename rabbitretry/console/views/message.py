@@ -33,7 +33,8 @@ async def message_page(
         raise HTTPException(404, f"no message {key} in the ledger")
     attempts, audit = await operations.history(pool, key)
     recovery = await operations.recover_run(pool, key)  # None: no hook, or it has not run
-    payload = display.payload(bytes(row["payload"]))
+    kept = row["payload"] is not None  # a succeeded message's snapshot may be dropped
+    payload = display.payload(bytes(row["payload"])) if kept else None
     return render(
         request,
         "message.html",
@@ -45,9 +46,9 @@ async def message_page(
         recovery=recovery,
         recover_queue=names.recover_queue(key.queue),
         payload=payload,
-        draft=(payload.text or "") if draft is None else draft,
-        headers=json.dumps(json.loads(row["headers"]), indent=2, sort_keys=True),
-        properties=json.dumps(json.loads(row["properties"]), indent=2, sort_keys=True),
+        draft=((payload.text if payload else None) or "") if draft is None else draft,
+        headers=_pretty_json(row["headers"]),
+        properties=_pretty_json(row["properties"]),
         has_model=key.queue in config_of(request).models,
         error=error,
         now=datetime.now(UTC),
@@ -58,3 +59,7 @@ def to_message(key: ledger.Key, notice: str) -> Response:
     """Back to the message's page after an action on it, announcing ``notice``."""
     query = urlencode({"queue": key.queue, "id": key.message_id, "notice": notice})
     return RedirectResponse(f"/message?{query}", status_code=303)
+
+
+def _pretty_json(stored: str | None) -> str:
+    return "" if stored is None else json.dumps(json.loads(stored), indent=2, sort_keys=True)
