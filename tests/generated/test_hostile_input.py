@@ -66,6 +66,10 @@ def _configure(consumer: type[Consumer[Any]], queue: str) -> type[Consumer[Any]]
 
 def permissive_consumer(queue: str) -> type[Consumer[Any]]:
     class Permissive(Consumer[Any]):
+        # Its succeeded rows keep their snapshot, so that the rig checks every hostile body
+        # and header is stored; the strict consumer's drop theirs, as by default.
+        keep_payload = "always"
+
         async def handle(self, msg: Any, ctx: Context) -> None:
             return None
 

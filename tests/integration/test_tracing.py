@@ -150,6 +150,7 @@ async def test_a_replay_links_to_the_original_and_starts_the_next_attempts_trace
         broken = True
 
     consumer = orders_consumer(queue_name, Broken)
+    consumer.keep_payload = "always"  # the snapshot is read from the succeeded row below
     cleanup.append(consumer)
     async with running_worker([consumer], amqp_url, database_url):
         async with Publisher(amqp_url) as publisher:
