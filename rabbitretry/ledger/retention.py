@@ -10,7 +10,7 @@ stay until someone replays or ignores them, and rows in flight stay until they f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from rabbitretry.db import Pool, query
 
@@ -52,11 +52,26 @@ async def prunable(pool: Pool, before: datetime) -> Pruned:
 async def prune(pool: Pool, before: datetime, *, batch: int = BATCH) -> Pruned:
     """Delete, batch by batch, what finished before ``before``; how many rows went."""
     return Pruned(
-        ledger=await _in_batches(pool, "prune_ledger", before, batch),
+        ledger=await _succeeded(pool, before, batch)
+        + await _in_batches(pool, "prune_ledger", before, batch),
         outbox=await _in_batches(pool, "prune_outbox", before, batch),
         alerts=await _in_batches(pool, "prune_alerts", before, batch),
         callback_receipts=await _in_batches(pool, "prune_callback_receipts", before, batch),
     )
+
+
+async def _succeeded(pool: Pool, before: datetime, batch: int) -> int:
+    """The succeeded rows, queue by queue, each batch from where the last one ended."""
+    total = 0
+    for queue in [row["queue"] for row in await pool.fetch(query("ledger_queues"))]:
+        start = datetime.min.replace(tzinfo=UTC)
+        while True:
+            (row,) = await pool.fetch(query("prune_succeeded"), queue, before, batch, start)
+            total += row["deleted"]
+            if row["deleted"] < batch:
+                break
+            start = row["last"]
+    return total
 
 
 async def _in_batches(pool: Pool, statement: str, before: datetime, batch: int) -> int:

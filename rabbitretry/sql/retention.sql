@@ -1,14 +1,44 @@
 -- Retention: what `rabbitretry ledger prune` removes (finished messages, sent outbox rows,
 -- sent alerts and callback receipts). Dead rows are never removed; neither are
--- rows still in flight. These scans are not indexed on purpose: pruning is rare maintenance, and
--- an index on finished_at would cost every finished message on the hot path.
+-- rows still in flight. Succeeded rows, nearly all of a ledger, are found through the index the
+-- reconciler's orphan check keeps anyway (ledger_succeeded_idx), queue by queue and oldest
+-- first, each batch starting where the last one ended: a batch reads what it deletes, however
+-- large the ledger. The other scans are not indexed on purpose (an index on finished_at of
+-- every status would cost every message on the hot path): skipped and ignored rows are few,
+-- and the other tables small.
 
--- name: prune_ledger
--- One batch of finished rows (succeeded, skipped, ignored) that ended before $1; their attempt
+-- name: ledger_queues
+-- Every queue of the ledger, read from its primary key by skipping from one queue to the next.
+WITH RECURSIVE queues AS (
+    SELECT min(queue) AS queue FROM rabbitretry.ledger
+    UNION ALL
+    SELECT (SELECT min(l.queue) FROM rabbitretry.ledger l WHERE l.queue > q.queue)
+    FROM queues q WHERE q.queue IS NOT NULL
+)
+SELECT queue FROM queues WHERE queue IS NOT NULL;
+
+-- name: prune_succeeded
+-- One batch of queue $1's succeeded rows that ended before $2, from $4 on (where the last
+-- batch ended), oldest first: how many went, and when the last of them ended. Their attempt
 -- rows go with them (ON DELETE CASCADE). Audit rows are kept.
 WITH doomed AS (
+    SELECT queue, message_id, finished_at FROM rabbitretry.ledger
+    WHERE queue = $1 AND status = 'succeeded' AND finished_at >= $4 AND finished_at < $2
+    ORDER BY finished_at
+    LIMIT $3
+), deleted AS (
+    DELETE FROM rabbitretry.ledger l USING doomed d
+    WHERE l.queue = d.queue AND l.message_id = d.message_id
+    RETURNING d.finished_at
+)
+SELECT count(*)::int AS deleted, max(finished_at) AS last FROM deleted;
+
+-- name: prune_ledger
+-- One batch of the other finished rows (skipped, ignored) that ended before $1, with their
+-- attempt rows.
+WITH doomed AS (
     SELECT queue, message_id FROM rabbitretry.ledger
-    WHERE status IN ('succeeded', 'skipped', 'ignored') AND finished_at < $1
+    WHERE status IN ('skipped', 'ignored') AND finished_at < $1
     LIMIT $2
 ), deleted AS (
     DELETE FROM rabbitretry.ledger l USING doomed d
