@@ -20,7 +20,7 @@ client would take anything else for 0. :func:`with_heartbeat` adds one to a URL 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import unquote
 
@@ -173,6 +173,40 @@ def check_database_url(url: str, source: str = "the database URL") -> Endpoint:
     if not address:  # a Unix socket given as ?host=/path
         address = _query_host(url) or ""
     return Endpoint(scheme=scheme, address=address, user=unquote(user), path=unquote(path[1:]))
+
+
+def database_labels(database_urls: Iterable[str]) -> dict[str, str]:
+    """A short, stable label for each database URL, never its password: the database's name
+    (``orders``); when two URLs name the same database, ``name@host:port``; when those agree
+    too (another user, another option), a number is added, in the URLs' sorted order. The
+    same set of URLs always gets the same labels, whatever order they come in."""
+    wanted = list(dict.fromkeys(database_urls))
+    named = {url: _database_name(url) for url in wanted}
+    labels = {}
+    for url in wanted:
+        same = [other for other in wanted if named[other] == named[url]]
+        labels[url] = named[url] if len(same) == 1 else f"{named[url]}@{_database_address(url)}"
+    first = dict(labels)
+    for url in wanted:
+        same = sorted(other for other in wanted if first[other] == first[url])
+        if len(same) > 1:
+            labels[url] = f"{first[url]}#{same.index(url) + 1}"
+    return labels
+
+
+def _database_name(url: str) -> str:
+    try:
+        endpoint = check_database_url(url)
+    except ConfigurationError:
+        return mask_url(url)
+    return endpoint.path or endpoint.user or "postgres"
+
+
+def _database_address(url: str) -> str:
+    try:
+        return check_database_url(url).address
+    except ConfigurationError:
+        return "?"
 
 
 def _split(

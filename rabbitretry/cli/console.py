@@ -11,6 +11,7 @@ import uvicorn
 from rabbitretry import amqp
 from rabbitretry.cli.common import (
     Config,
+    DatabasesOption,
     UserError,
     VerboseOption,
     command,
@@ -63,6 +64,7 @@ def console(
             "(repeat for several).",
         ),
     ] = None,
+    database: DatabasesOption = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Serve the web console: dead and retrying messages, groups, retries, ignores and edits.
@@ -70,6 +72,9 @@ def console(
     Log in with RABBITRETRY_CONSOLE_TOKEN, a user of RABBITRETRY_CONSOLE_USERS_FILE, or
     RABBITRETRY_CONSOLE_USER and RABBITRETRY_CONSOLE_PASSWORD. Every action is recorded in the
     audit table with your name.
+
+    Ledgers spread over several databases: repeat --database, and every page shows each
+    database's rows, labelled with its name; an action goes to the database of its row.
     """
     config = settings()
     try:
@@ -83,11 +88,12 @@ def console(
         models = {c.queue: c.payload_adapter for c in map(load_consumer, consumers or [])}
     except (ConsoleRefused, UserError) as error:
         fail(str(error), 2)
-    run_async(_check_services)(config)
+    databases = run_async(_check_services)(config, database)
     configure_logging(verbose)
     app = create_app(
         ConsoleConfig(
-            database_url=config.database_url,
+            database_url=databases[0],
+            other_databases=tuple(databases[1:]),
             amqp_url=config.amqp_url,
             auth=auth,
             no_auth=no_auth,
@@ -99,14 +105,18 @@ def console(
         "console on http://%s:%d (ledger %s, broker %s)",
         host,
         port,
-        mask_url(config.database_url),
+        ", ".join(mask_url(url) for url in databases),
         mask_url(config.amqp_url),
     )
     uvicorn.run(app, host=host, port=port, log_level="info" if verbose else "warning")
 
 
-async def _check_services(config: Config) -> None:
-    """Fail at start, in one line, rather than on the first page or the first replay."""
+async def _check_services(config: Config, given: list[str] | None) -> list[str]:
+    """The ledger databases to show; fail at start, in one line, rather than on the first
+    page or the first replay, when one of them or the broker cannot be used."""
+    databases = config.databases(given)
     connection = await amqp.connect(config.amqp_url, name="rabbitretry-console-check")
     await connection.close()
-    await require_migrated(config.database_url)
+    for url in databases:
+        await require_migrated(url)
+    return databases

@@ -81,8 +81,8 @@ async def run(
     )
     async with contextlib.AsyncExitStack() as stack:
         if metrics_port is not None:
-            endpoint = worker_endpoint(
-                ledger_database, metrics_port, metrics_host, health=worker.health
-            )
+            used = {label: url or ledger_database for url, label in worker.ledger_databases.items()}
+            databases = used if len(used) > 1 else ledger_database
+            endpoint = worker_endpoint(databases, metrics_port, metrics_host, health=worker.health)
             worker.on_outcome = (await stack.enter_async_context(endpoint)).observe
         await worker.run(install_signal_handlers=True)

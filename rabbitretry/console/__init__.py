@@ -13,10 +13,9 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 
-from rabbitretry import db
 from rabbitretry.console import views
 from rabbitretry.console.app import Authenticate, ConsoleConfig, http_error, operation_error
-from rabbitretry.console.replay_jobs import Jobs
+from rabbitretry.console.ledgers import open_ledgers
 from rabbitretry.console.security import Auth, ConsoleRefused, Throttle, check_startup
 from rabbitretry.errors import RabbitRetryError
 
@@ -28,13 +27,11 @@ def create_app(config: ConsoleConfig) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        app.state.pool = await db.create_pool(config.database_url, min_size=1, max_size=4)
-        app.state.jobs = Jobs(app.state.pool)
+        app.state.ledgers = ledgers = await open_ledgers(config.database_urls)
         try:
             yield
         finally:
-            await app.state.jobs.close()
-            await app.state.pool.close()
+            await ledgers.close()
 
     app = Starlette(
         routes=views.routes(),

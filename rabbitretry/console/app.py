@@ -25,17 +25,17 @@ from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 
-from rabbitretry import db, urls
+from rabbitretry import db
 from rabbitretry.console import display, forms, paging, security
 from rabbitretry.console.forms import key_value
-from rabbitretry.console.replay_jobs import Jobs
+from rabbitretry.console.ledgers import Ledger, Ledgers, outage_message
 from rabbitretry.console.security import Auth, Session, Throttle
-from rabbitretry.errors import RabbitRetryError
+from rabbitretry.errors import RabbitRetryError, ServiceUnavailable
 from rabbitretry.operations import OperationError
 from rabbitretry.settings import mask_url
 
 log = logging.getLogger("rabbitretry.console")
-PUBLIC_PATHS = ("/login", "/static/")
+PUBLIC_PATHS = ("/login", "/static/", "/healthz")
 HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
@@ -73,12 +73,19 @@ class ConsoleConfig:
     database_url: str
     amqp_url: str
     auth: Auth
+    other_databases: tuple[str, ...] = ()
+    """More ledger databases shown beside ``database_url`` (``console --database`` repeated)."""
     no_auth: bool = False
     models: Mapping[str, pydantic.TypeAdapter[Any]] = field(default_factory=dict)
     """Payload models by queue, from the consumers named at start: edits are checked."""
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     allowed_hosts: tuple[str, ...] = security.LOCAL_HOSTS
     canary_timeout: float = 60.0
+
+    @property
+    def database_urls(self) -> tuple[str, ...]:
+        """Every ledger database the console shows, ``database_url`` first."""
+        return tuple(dict.fromkeys((self.database_url, *self.other_databases)))
 
 
 _templates = jinja2.Environment(
@@ -100,14 +107,17 @@ def config_of(request: Request) -> ConsoleConfig:
     return config
 
 
-def pool_of(request: Request) -> db.Pool:
-    pool: db.Pool = request.app.state.pool
-    return pool
+def ledgers_of(request: Request) -> Ledgers:
+    ledgers: Ledgers = request.app.state.ledgers
+    return ledgers
 
 
-def jobs_of(request: Request) -> Jobs:
-    jobs: Jobs = request.app.state.jobs
-    return jobs
+def ledger_of(request: Request, label: str | None) -> Ledger:
+    """The database a link or a form names (none: the first); an outage while the request
+    uses it is reported as this database's."""
+    ledger = ledgers_of(request).get(label)
+    request.state.ledger = ledger
+    return ledger
 
 
 def throttle_of(request: Request) -> Throttle:
@@ -131,7 +141,8 @@ def render(request: Request, template: str, status_code: int = 200, **context: A
         request=request,
         user=session.user if session else None,
         csrf=security.csrf_token(session, config.secret) if session else "",
-        database=mask_url(config.database_url),
+        database=", ".join(mask_url(url) for url in config.database_urls),
+        several=len(config.database_urls) > 1,
         broker=mask_url(config.amqp_url),
         notice=notice_of(request),
         **context,
@@ -207,7 +218,7 @@ class Authenticate(BaseHTTPMiddleware):
         fresh: Session | None = None
         # Set before the revocation check, so that an outage's page keeps its navigation.
         session = request.state.session = self._session(request, config)
-        if session is not None and session.issued and await is_revoked(pool_of(request), session):
+        if session is not None and session.issued and await is_revoked(request, session):
             session = None
         if session is None and config.no_auth:
             session = fresh = security.new_session("anonymous")
@@ -257,14 +268,31 @@ def failed_login(request: Request, who: str) -> None:
     log.warning("failed login from %s (as %r)", client_of(request), who[: security.MAX_NAME])
 
 
-async def is_revoked(pool: db.Pool, session: Session) -> bool:
-    return bool(await pool.fetchval(db.query("console_is_revoked"), session.nonce))
+async def is_revoked(request: Request, session: Session) -> bool:
+    """Whether ``session`` was logged out: in any ledger database that answers (a logout is
+    written to each); an outage when none does."""
+    ledgers = ledgers_of(request)
+
+    async def revoked(ledger: Ledger) -> bool:
+        return bool(await ledger.pool.fetchval(db.query("console_is_revoked"), session.nonce))
+
+    answers, down = await ledgers.each(revoked)
+    if not answers:
+        raise ServiceUnavailable(down[0].message if down else "no ledger database")
+    return any(answer for _, answer in answers)
 
 
-async def revoke(pool: db.Pool, session: Session) -> None:
-    """Refuse ``session`` from now on, here and in every console on this ledger."""
+async def revoke(request: Request, session: Session) -> None:
+    """Refuse ``session`` from now on, here and in every console on these ledgers: written to
+    each database that answers (at least one must)."""
     expires = datetime.fromtimestamp(session.issued + security.SESSION_SECONDS, UTC)
-    await pool.execute(db.query("console_revoke"), session.nonce, expires)
+
+    async def write(ledger: Ledger) -> None:
+        await ledger.pool.execute(db.query("console_revoke"), session.nonce, expires)
+
+    written, down = await ledgers_of(request).each(write)
+    if not written:
+        raise ServiceUnavailable(down[0].message if down else "no ledger database")
 
 
 def set_session_cookie(
@@ -295,14 +323,9 @@ async def database_error(request: Request, error: Exception) -> Response:
     navigation."""
     if not db.is_outage(error):
         raise error
-    url = config_of(request).database_url
-    what = urls.scrub(str(error) or type(error).__name__, url).splitlines()[0]
-    kind = db.outage_kind(error)
-    if kind == "unreachable":
-        message = f"cannot reach the ledger at {mask_url(url)} ({what}); try again in a moment"
-    else:
-        message = f"the ledger at {mask_url(url)} is {kind}: {what}; try again in a moment"
-    return render(request, "error.html", 503, message=message)
+    ledger: Ledger | None = getattr(request.state, "ledger", None)
+    url = ledger.url if ledger is not None else config_of(request).database_url
+    return render(request, "error.html", 503, message=outage_message(url, error))
 
 
 async def operation_error(request: Request, error: Exception) -> Response:

@@ -82,18 +82,27 @@ def refuse_nul(*values: str) -> None:
         raise OperationError("a NUL character (\\x00) cannot be part of a filter or a key")
 
 
-def key_value(queue: str, message_id: str) -> str:
-    """A key as one form value (queue names may contain '/', so JSON)."""
-    return json.dumps([queue, message_id])
+def key_value(queue: str, message_id: str, database: str = "") -> str:
+    """A key as one form value (queue names may contain '/', so JSON), with the label of its
+    ledger database when the console shows several."""
+    return json.dumps([queue, message_id, database] if database else [queue, message_id])
 
 
 def key_from(value: str) -> Key:
+    return located_key_from(value)[0]
+
+
+def located_key_from(value: str) -> tuple[Key, str]:
+    """A form's key and the label of its database ("" when it names none: the first)."""
     try:
-        queue, message_id = json.loads(value)
+        parts = json.loads(value)
+        if not isinstance(parts, list) or len(parts) not in (2, 3):
+            raise ValueError(value)
+        queue, message_id, database = (*parts, "")[:3]
     except (ValueError, TypeError):
         raise OperationError("a selected message could not be read; reload the page") from None
-    refuse_nul(str(queue), str(message_id))
-    return Key(str(queue), str(message_id))
+    refuse_nul(str(queue), str(message_id), str(database))
+    return Key(str(queue), str(message_id)), str(database)
 
 
 def rate_from(text: str | None) -> float | None:
@@ -112,6 +121,8 @@ class Bulk:
 
     action: str
     """``retry`` or ``ignore``."""
+    database: str
+    """The label of the one ledger database it acts on; "" for every one the console shows."""
     selection: Filter
     group: tuple[str, str] | None
     before: datetime
@@ -137,7 +148,16 @@ class Bulk:
         )
 
 
-BULK_FIELDS = (*FILTER_FIELDS, "action", "group", "before", "rate", "canary", "comment")
+BULK_FIELDS = (
+    *FILTER_FIELDS,
+    "database",
+    "action",
+    "group",
+    "before",
+    "rate",
+    "canary",
+    "comment",
+)
 
 
 def bulk_from(form: Mapping[str, str], now: datetime) -> Bulk:
@@ -145,8 +165,9 @@ def bulk_from(form: Mapping[str, str], now: datetime) -> Bulk:
     if action not in ("retry", "ignore"):
         raise OperationError("say what to do with them: retry or ignore")
     group = None
+    database = form.get("database") or ""
     if form.get("group"):
-        key = key_from(form["group"])
+        key, database = located_key_from(form["group"])
         group = (key.queue, key.message_id)
         selection = Filter(queue=key.queue, fingerprint=key.message_id, limit=1)
     else:
@@ -159,6 +180,7 @@ def bulk_from(form: Mapping[str, str], now: datetime) -> Bulk:
     fields["before"] = before.strftime("%Y-%m-%dT%H:%M:%S.%f")
     return Bulk(
         action=action,
+        database=database,
         selection=selection,
         group=group,
         before=before,

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from rabbitretry import db
 from rabbitretry.errors import ConnectionLost
@@ -117,3 +118,38 @@ def broker_probe(is_up: Callable[[], bool]) -> Callable[[], Awaitable[None]]:
             raise ConnectionLost("the publishing connection to RabbitMQ is not back yet")
 
     return probe
+
+
+@dataclass(frozen=True)
+class Gates:
+    ledgers: dict[str | None, OutageGate]
+    """One per ledger database, keyed as the worker's pools are."""
+    broker: OutageGate
+
+
+@dataclass(frozen=True)
+class Health:
+    """Each check's state: ``"ok"``, or what is wrong."""
+
+    checks: dict[str, str]
+
+    @property
+    def ok(self) -> bool:
+        return all(state == "ok" for state in self.checks.values())
+
+
+def ledger_checks(
+    labels: dict[str | None, str], gates: dict[str | None, OutageGate] | None
+) -> dict[str, str]:
+    """The health of each ledger database's gate: ``ledger`` with one database, else
+    ``ledger:LABEL`` for each; ``"ok"``, or what is wrong (every closed gate, not the first)."""
+    checks = {}
+    for database, label in labels.items():
+        gate = None if gates is None else gates.get(database)
+        name = f"ledger:{label}" if len(labels) > 1 else "ledger"
+        if gate is None or gate.is_open:
+            checks[name] = "ok"
+            continue
+        why = gate.reason or "unreachable"
+        checks[name] = f"the {gate.service} is {why}; deliveries paused"
+    return checks

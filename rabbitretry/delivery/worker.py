@@ -25,7 +25,7 @@ from rabbitretry import amqp, db, urls
 from rabbitretry.amqp import ConfirmingPublisher, IncomingMessage
 from rabbitretry.consumer import Consumer, topology_of
 from rabbitretry.delivery.breakers import Breakers
-from rabbitretry.delivery.outage import OutageGate, broker_probe
+from rabbitretry.delivery.outage import Gates, Health, OutageGate, broker_probe, ledger_checks
 from rabbitretry.delivery.outcome import Outcome
 from rabbitretry.delivery.pipeline import Pipeline
 from rabbitretry.delivery.recovery import recovery_consumers
@@ -336,46 +336,36 @@ class Worker:
             return None
         return amqp.node_url(self._connections[0])
 
+    @property
+    def ledger_databases(self) -> dict[str | None, str]:
+        """The label of each ledger database the worker uses, keyed as its pools (None: the
+        worker's own ``database_url`` or ``pool``): :func:`rabbitretry.urls.database_labels`,
+        the labels of ``/healthz`` and of the metrics' ``database``."""
+        keys = list(dict.fromkeys(c.database_url for c in self.consumers)) or [None]
+        known = {key: key or self.database_url for key in keys}
+        labels = urls.database_labels(url for url in known.values() if url is not None)
+        return {key: labels[url] if url else "default" for key, url in known.items()}
+
     def health(self) -> Health:
         """The worker's own view of its health, without I/O (``/healthz`` adds a database
-        query): the broker connections, the outage gates, and the consumers."""
+        query): the broker connections, the outage gates (one ``ledger:LABEL`` check per
+        database when it uses several), and the consumers."""
         gates = self._gates
-        broker = ledger = consumers = "ok"
+        broker = consumers = "ok"
         if any(conn.is_closed for conn in self._connections):
             broker = "the connection to RabbitMQ is closed"
         elif any(not conn.connected.is_set() for conn in self._connections):
             broker = "the connection to RabbitMQ is down; reconnecting"
         elif gates is not None and not gates.broker.is_open:
             broker = "RabbitMQ is unreachable; deliveries paused"
-        closed = [] if gates is None else [g for g in gates.ledgers.values() if not g.is_open]
-        if closed:
-            gate = closed[0]
-            ledger = f"the {gate.service} is {gate.reason or 'unreachable'}; deliveries paused"
+        ledgers = ledger_checks(self.ledger_databases, None if gates is None else gates.ledgers)
         if not self.started:
             consumers = "not started"
         elif self._stopping.is_set():
             consumers = "stopping"
         elif any(channel.is_closed for channel in self._channels):
             consumers = "a consumer's channel is closed"
-        return Health({"broker": broker, "ledger": ledger, "consumers": consumers})
-
-
-@dataclass(frozen=True)
-class Health:
-    """Each check's state: ``"ok"``, or what is wrong."""
-
-    checks: dict[str, str]
-
-    @property
-    def ok(self) -> bool:
-        return all(state == "ok" for state in self.checks.values())
-
-
-@dataclass(frozen=True)
-class Gates:
-    ledgers: dict[str | None, OutageGate]
-    """One per ledger database, keyed as the worker's pools are."""
-    broker: OutageGate
+        return Health({"broker": broker, **ledgers, "consumers": consumers})
 
 
 def _ledger_service(database: str | None) -> str:

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 
 from prometheus_client import (
@@ -35,8 +35,8 @@ from rabbitretry.db import (
     query,
     write_refusal,
 )
+from rabbitretry.delivery.outage import Health
 from rabbitretry.delivery.outcome import FINISHED, Outcome
-from rabbitretry.delivery.worker import Health
 from rabbitretry.ledger import downstreams
 from rabbitretry.monitoring import heartbeat, levels
 
@@ -207,8 +207,8 @@ async def downstream_families(executor: Executor) -> list[Metric]:
     return [state, opened, probes, failures]
 
 
-async def render_ledger_metrics(executor: Executor) -> bytes:
-    """The ledger gauges in Prometheus text format, plus ``rabbitretry_ledger_up``."""
+async def _read_families(executor: Executor) -> list[Metric]:
+    """The ledger gauges and ``rabbitretry_ledger_up`` (0, alone, when it cannot be read)."""
     try:
         families = await ledger_families(executor)
         up = 1
@@ -220,9 +220,35 @@ async def render_ledger_metrics(executor: Executor) -> bytes:
             "rabbitretry_ledger_up", "1 when the ledger could be read for this scrape.", value=up
         )
     )
+    return families
+
+
+def _rendered(families: list[Metric]) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Fixed(families))
     return generate_latest(registry)
+
+
+async def render_ledger_metrics(executor: Executor) -> bytes:
+    """The ledger gauges in Prometheus text format, plus ``rabbitretry_ledger_up``."""
+    return _rendered(await _read_families(executor))
+
+
+async def render_ledgers_metrics(executors: Mapping[str, Executor]) -> bytes:
+    """The ledger gauges of several databases, each sample with a ``database`` label (the
+    key of ``executors``); a database that cannot be read has ``rabbitretry_ledger_up 0``."""
+    read = await asyncio.gather(*(_read_families(e) for e in executors.values()))
+    merged: dict[str, Metric] = {}
+    for database, families in zip(executors, read, strict=True):
+        for family in families:
+            into = merged.setdefault(
+                family.name, Metric(family.name, family.documentation, family.type, family.unit)
+            )
+            into.samples += [
+                sample._replace(labels={**sample.labels, "database": database})
+                for sample in family.samples
+            ]
+    return _rendered(list(merged.values()))
 
 
 Response = tuple[str, str, bytes]  # status line, content type, body
@@ -272,12 +298,25 @@ async def database_check(pool: Pool) -> str:
     return refusal or "ok"
 
 
-async def health_response(health: Callable[[], Health] | None, pool: Pool | None) -> Response:
+Pools = Pool | Mapping[str, Pool] | None
+"""A worker's ledger databases: one pool, or a pool per database label (several)."""
+
+
+def _labelled(pools: Pools) -> dict[str, Pool]:
+    if pools is None:
+        return {}
+    return dict(pools) if isinstance(pools, Mapping) else {"": pools}
+
+
+async def health_response(health: Callable[[], Health] | None, pools: Pools) -> Response:
     """``/healthz``: 200 and ``{"status": "ok", "checks": {...}}`` when every check is ok,
-    else 503 and ``"status": "unavailable"``; each check says ``"ok"`` or what is wrong."""
+    else 503 and ``"status": "unavailable"``; each check says ``"ok"`` or what is wrong. The
+    database check is ``database``, or ``database:LABEL`` for each of several databases."""
     checks = dict(health().checks) if health is not None else {}
-    if pool is not None:
-        checks["database"] = await database_check(pool)
+    labelled = _labelled(pools)
+    answers = await asyncio.gather(*(database_check(pool) for pool in labelled.values()))
+    for label, answer in zip(labelled, answers, strict=True):
+        checks[f"database:{label}" if len(labelled) > 1 else "database"] = answer
     ok = all(state == "ok" for state in checks.values())
     document = {"status": "ok" if ok else "unavailable", "checks": checks}
     body = (json.dumps(document) + "\n").encode()
@@ -287,21 +326,26 @@ async def health_response(health: Callable[[], Health] | None, pool: Pool | None
 @contextlib.asynccontextmanager
 async def serving(
     metrics: WorkerMetrics,
-    pool: Pool | None,
+    pool: Pools,
     port: int,
     host: str = "127.0.0.1",
     health: Callable[[], Health] | None = None,
 ) -> AsyncIterator[int]:
     """Serve ``/metrics`` (the worker's metrics, and the ledger gauges when ``pool`` is given)
     and ``/healthz`` (``health``'s checks, and the database's when ``pool`` is given) on
-    ``host:port`` (port 0: any free one); yields the port."""
+    ``host:port`` (port 0: any free one); yields the port. ``pool`` may be a pool per
+    database label: each database is then checked, and its gauges have a ``database`` label."""
+    labelled = _labelled(pool)
 
     async def render() -> Response:
-        ledger = await render_ledger_metrics(pool) if pool is not None else b""
+        if len(labelled) > 1:
+            ledger = await render_ledgers_metrics(labelled)
+        else:
+            ledger = b"".join([await render_ledger_metrics(p) for p in labelled.values()])
         return "200 OK", CONTENT_TYPE, metrics.render() + ledger
 
     async def healthz() -> Response:
-        return await health_response(health, pool)
+        return await health_response(health, labelled)
 
     routes: dict[bytes, Route] = {b"/metrics": render, b"/": render, b"/healthz": healthz}
     server = await asyncio.start_server(lambda r, w: _serve_http(routes, r, w), host, port)
@@ -314,18 +358,25 @@ async def serving(
 
 @contextlib.asynccontextmanager
 async def worker_endpoint(
-    database_url: str,
+    database_url: str | Mapping[str, str],
     port: int,
     host: str = "127.0.0.1",
     health: Callable[[], Health] | None = None,
 ) -> AsyncIterator[WorkerMetrics]:
-    """For ``rabbitretry run --metrics-port``: metrics, a small pool of their own, the server."""
-    pool = await db.create_pool(database_url, min_size=1, max_size=2)
+    """For ``rabbitretry run --metrics-port``: metrics, a small pool of their own per ledger
+    database (``database_url``, or a URL per label: every database the worker uses), the
+    server."""
+    given = database_url
+    urls = dict(given) if isinstance(given, Mapping) else {"": given}
+    pools: dict[str, Pool] = {}
     try:
-        metrics = WorkerMetrics(pool)
-        async with serving(metrics, pool, port, host, health) as bound:
+        for label, url in urls.items():
+            pools[label] = await db.create_pool(url, min_size=1, max_size=2)
+        metrics = WorkerMetrics(next(iter(pools.values())))
+        async with serving(metrics, pools, port, host, health) as bound:
             base = f"http://{f'[{host}]' if ':' in host else host}:{bound}"
             log.info("metrics on %s/metrics, health on %s/healthz", base, base)
             yield metrics
     finally:
-        await pool.close()
+        for pool in pools.values():
+            await pool.close()

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from rabbitretry.console import chart, display, security, users
-from rabbitretry.console.forms import filter_from, key_from, key_value, moment
+from rabbitretry.console.forms import filter_from, key_from, key_value, located_key_from, moment
 from rabbitretry.console.security import Auth, ConsoleRefused, check_startup
+from rabbitretry.ledger import Key
 from rabbitretry.operations import OperationError
 
 SECRET = b"s" * 32
@@ -99,6 +100,17 @@ def test_forms() -> None:
     assert key_from(key_value("a/b", "c")).queue == "a/b"
     with pytest.raises(OperationError, match="reload"):
         key_from("nonsense")
+
+
+def test_a_key_carries_the_database_its_row_came_from() -> None:
+    assert key_value("a/b", "c") == '["a/b", "c"]'  # one database: as before
+    assert located_key_from(key_value("a/b", "c", "orders")) == (Key("a/b", "c"), "orders")
+    assert located_key_from('["q", "k"]') == (Key("q", "k"), "")
+    for damaged in ('["q"]', '["q", "k", "db", "more"]', '{"q": "k"}', '"q"'):
+        with pytest.raises(OperationError, match="reload"):
+            located_key_from(damaged)
+    with pytest.raises(OperationError, match="NUL"):
+        located_key_from('["q", "k", "db\\u0000"]')
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from rabbitretry.urls import (
     check_amqp_url,
     check_amqp_urls,
     check_database_url,
+    database_labels,
     mask_url,
     password_of,
     scrub,
@@ -292,3 +293,20 @@ def test_a_heartbeat_that_is_not_a_number_of_seconds_is_refused(value: str) -> N
         f"X (amqp://u:***@h/?heartbeat={value}) has heartbeat={value!r}: write a whole number "
         "of seconds from 0 to 65535 (0 turns heartbeats off)"
     )
+
+
+def test_database_labels_are_short_unique_stable_and_never_the_password() -> None:
+    orders = "postgresql://app:s3cret@db1:5432/orders"
+    app = "postgresql://app:s3cret@db1:5432/app"
+    assert database_labels([orders, app]) == {orders: "orders", app: "app"}
+    elsewhere = "postgresql://app:s3cret@db2:5433/orders"
+    assert database_labels([orders, elsewhere]) == {
+        orders: "orders@db1:5432",
+        elsewhere: "orders@db2:5433",
+    }
+    other_user = "postgresql://ops:pw@db1:5432/orders"
+    both = database_labels([orders, other_user])
+    assert both == database_labels([other_user, orders])  # whatever the order given
+    assert sorted(both.values()) == ["orders@db1:5432#1", "orders@db1:5432#2"]
+    labels = database_labels([orders, "postgresql://u:s3cret@h/x?host=/sock", "nonsense:s3cret@"])
+    assert not any("s3cret" in label for label in labels.values())

@@ -3,7 +3,7 @@
 
 - :mod:`.login`: signing in and out
 - :mod:`.overview`: the landing page (with the downstream breakers, held open or closed
-  there) and /metrics
+  there), /metrics and /healthz
 - :mod:`.lists`: messages and error groups, and their export
 - :mod:`.message`: one message
 - :mod:`.actions`: retry, ignore, edit, bulk actions, and the audit and replay-job pages
@@ -29,6 +29,7 @@ def routes() -> list[Route | Mount]:
         Route("/audit", actions.audit),
         Route("/jobs/{job_id}", actions.job),
         Route("/metrics", overview.prometheus),
+        Route("/healthz", overview.healthz),
         Route("/export.jsonl", lists.export),
         Route("/actions/replay", actions.replay, methods=["POST"]),
         Route("/actions/confirm", actions.confirm, methods=["POST"]),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -17,71 +18,135 @@ from starlette.responses import RedirectResponse, Response
 
 from rabbitretry import ledger, operations
 from rabbitretry.console import forms, paging
-from rabbitretry.console.app import actor_of, config_of, jobs_of, pool_of, posted, render
+from rabbitretry.console.app import (
+    actor_of,
+    config_of,
+    ledger_of,
+    ledgers_of,
+    posted,
+    render,
+)
+from rabbitretry.console.ledgers import Ledger
 from rabbitretry.console.replay_jobs import Job
 from rabbitretry.console.views.message import message_page, to_message
+from rabbitretry.db import Record
 from rabbitretry.operations import OperationError, Progress, ReplayReport
+
+SHOWN = 200  # audit rows on the audit page
 
 
 async def replay(request: Request) -> Response:
+    """Retry the selected messages, each in the ledger database its row came from: one at
+    once, several as a replay job per database."""
     form = await posted(request)
-    keys = [forms.key_from(str(v)) for v in form.getlist("key")]
-    if not keys:
+    located = [forms.located_key_from(str(v)) for v in form.getlist("key")]
+    if not located:
         raise OperationError("select at least one message to retry")
     rate = forms.rate_from(str(form.get("rate") or ""))
     canary = form.get("canary") == "on"
-    pool = pool_of(request)
-    if len(keys) == 1 and not canary:
+    by_database: dict[str, list[ledger.Key]] = {}
+    for key, database in located:
+        by_database.setdefault(ledger_of(request, database).label, []).append(key)
+    if len(located) == 1 and not canary:
+        ((label, keys),) = by_database.items()
+        home = ledger_of(request, label)
         async with operations.sender(config_of(request).amqp_url) as sender:
-            done = await operations.replay(pool, sender, keys, actor=actor_of(request))
+            done = await operations.replay(home.pool, sender, keys, actor=actor_of(request))
         if done.failures:  # the broker refused it: still dead, and the page says why
             raise OperationError(f"not retried, it stays dead: {done.failures[0]}")
-        return to_message(keys[0], "retried" if done.replayed else "not-dead")
-    targets = await operations.replay_targets(pool, keys=keys)
-    title = f"retry {len(keys)} selected message(s)"
-    return await _start(
-        request, title, targets, rate=rate, canary=canary, what={"selected": len(keys)}
-    )
+        notice = "retried" if done.replayed else "not-dead"
+        return to_message(keys[0], notice, _shown_label(request, home))
+    started: list[Response] = []
+    for label, keys in by_database.items():
+        home = ledger_of(request, label)
+        targets = await operations.replay_targets(home.pool, keys=keys)
+        title = f"retry {len(keys)} selected message(s){_in(request, home)}"
+        what = {"selected": len(keys)}
+        started.append(
+            await _start(request, home, title, targets, rate=rate, canary=canary, what=what)
+        )
+    return started[0] if len(started) == 1 else RedirectResponse("/audit", status_code=303)
 
 
 async def confirm(request: Request) -> Response:
-    """What a bulk action will touch, before it is done: the count, and a button to do it."""
+    """What a bulk action will touch, before it is done: the count (per database, with
+    several), and a button to do it."""
     chosen = forms.bulk_from(await _posted_fields(request), datetime.now(UTC))
-    targets = await paging.dead_matching(pool_of(request), chosen.selection, chosen.before)
-    if not targets:
+    matched = await _matching(request, chosen)
+    count = sum(len(targets) for _, targets in matched)
+    if not count:
         raise OperationError("no dead letters match: nothing to do")
-    count = len(targets)
-    return render(request, "confirm.html", bulk=chosen, count=count, title=chosen.title(count))
+    counts = [(home.label, len(targets)) for home, targets in matched]
+    return render(
+        request,
+        "confirm.html",
+        bulk=chosen,
+        count=count,
+        counts=counts if ledgers_of(request).several else [],
+        title=chosen.title(count),
+    )
 
 
 async def bulk(request: Request) -> Response:
-    """A confirmed bulk action, on the dead letters that match now (up to the same cutoff)."""
+    """A confirmed bulk action, on the dead letters that match now (up to the same cutoff),
+    in each database it names: a retry is a replay job per database."""
     chosen = forms.bulk_from(await _posted_fields(request), datetime.now(UTC))
-    targets = await paging.dead_matching(pool_of(request), chosen.selection, chosen.before)
+    matched = await _matching(request, chosen)
     if chosen.action == "retry":
-        return await _start(
-            request,
-            chosen.title(len(targets)),
+        started = [
+            await _start(
+                request,
+                home,
+                chosen.title(len(targets)) + _in(request, home),
+                targets,
+                rate=chosen.rate,
+                canary=chosen.canary,
+                what=chosen.describe(),
+            )
+            for home, targets in matched
+            if targets
+        ]
+        if not started:
+            raise OperationError("no dead letters match: nothing to retry")
+        return started[0] if len(started) == 1 else RedirectResponse("/audit", status_code=303)
+    ignored = 0
+    for home, targets in matched:
+        _, done = await operations.ignore_many(
+            home.pool,
             targets,
-            rate=chosen.rate,
-            canary=chosen.canary,
-            what=chosen.describe(),
+            actor=actor_of(request),
+            comment=chosen.comment,
+            description=chosen.describe(),
         )
-    _, ignored = await operations.ignore_many(
-        pool_of(request),
-        targets,
-        actor=actor_of(request),
-        comment=chosen.comment,
-        description=chosen.describe(),
-    )
+        ignored += done
     return RedirectResponse(f"/audit?notice=ignored-many&count={ignored}", status_code=303)
+
+
+async def _matching(request: Request, chosen: forms.Bulk) -> list[tuple[Ledger, list[ledger.Key]]]:
+    """The dead letters a bulk action touches, in each database it names (a group: the
+    group's database; a filter: the one it names, else every one)."""
+    homes = [ledger_of(request, chosen.database)] if chosen.database else ledgers_of(request)
+    return [
+        (home, await paging.dead_matching(home.pool, chosen.selection, chosen.before))
+        for home in homes
+    ]
 
 
 async def unignore(request: Request) -> Response:
     form = await posted(request)
     batch = str(form.get("batch") or "")
-    undone = await operations.unignore(pool_of(request), batch, actor=actor_of(request))
+    home = ledger_of(request, str(form.get("database") or ""))
+    undone = await operations.unignore(home.pool, batch, actor=actor_of(request))
     return RedirectResponse(f"/audit?notice=unignored&count={undone}", status_code=303)
+
+
+def _shown_label(request: Request, home: Ledger) -> str:
+    """The database's label for links, "" with one database (links stay as they were)."""
+    return home.label if ledgers_of(request).several else ""
+
+
+def _in(request: Request, home: Ledger) -> str:
+    return f" in {home.label}" if ledgers_of(request).several else ""
 
 
 async def _posted_fields(request: Request) -> dict[str, str]:
@@ -91,6 +156,7 @@ async def _posted_fields(request: Request) -> dict[str, str]:
 
 async def _start(
     request: Request,
+    home: Ledger,
     title: str,
     targets: list[ledger.Key],
     *,
@@ -100,7 +166,7 @@ async def _start(
 ) -> Response:
     if not targets:
         raise OperationError("no dead letters match: nothing to retry")
-    pool, config, actor = pool_of(request), config_of(request), actor_of(request)
+    pool, config, actor = home.pool, config_of(request), actor_of(request)
 
     async def run(job_id: str, progress: Progress) -> ReplayReport:
         async with operations.sender(config.amqp_url) as sender:
@@ -117,28 +183,31 @@ async def _start(
                 batch=job_id,
             )
 
-    started: Job = await jobs_of(request).start(title, actor, len(targets), run)
-    return RedirectResponse(f"/jobs/{started.id}", status_code=303)
+    started: Job = await home.jobs.start(title, actor, len(targets), run)
+    where = f"?database={quote(home.label)}" if ledgers_of(request).several else ""
+    return RedirectResponse(f"/jobs/{started.id}{where}", status_code=303)
 
 
 async def ignore(request: Request) -> Response:
     form = await posted(request)
-    key = forms.key_from(str(form.get("key") or ""))
+    key, database = forms.located_key_from(str(form.get("key") or ""))
+    home = ledger_of(request, database)
     comment = str(form.get("comment") or "")
-    if not await operations.ignore(pool_of(request), key, actor=actor_of(request), comment=comment):
+    if not await operations.ignore(home.pool, key, actor=actor_of(request), comment=comment):
         raise HTTPException(409, f"{key} is neither dead nor retrying: it cannot be ignored")
-    return to_message(key, "ignored")
+    return to_message(key, "ignored", _shown_label(request, home))
 
 
 async def edit(request: Request) -> Response:
     form = await posted(request)
-    key = forms.key_from(str(form.get("key") or ""))
+    key, database = forms.located_key_from(str(form.get("key") or ""))
+    home = ledger_of(request, database)
     payload = str(form.get("payload") or "")
     config = config_of(request)
     try:
         async with operations.sender(config.amqp_url) as sender:
             done = await operations.edit_and_replay(
-                pool_of(request),
+                home.pool,
                 sender,
                 key,
                 payload,
@@ -147,24 +216,43 @@ async def edit(request: Request) -> Response:
                 comment=str(form.get("comment") or "") or None,
             )
     except OperationError as error:
-        return await message_page(request, key, error=str(error), draft=payload)
-    return to_message(key, "edited" if done else "not-dead")
+        return await message_page(request, key, database=database, error=str(error), draft=payload)
+    return to_message(key, "edited" if done else "not-dead", _shown_label(request, home))
 
 
 async def audit(request: Request) -> Response:
+    """The latest audit rows and replays of every database, newest first, each labelled
+    with its database when there are several."""
     every_row = request.query_params.get("each") == "1"
-    rows = await operations.recent_audit(pool_of(request), 200, every_row=every_row)
+    ledgers = ledgers_of(request)
+
+    async def read(home: Ledger) -> tuple[list[Record], list[Job]]:
+        rows = await operations.recent_audit(home.pool, SHOWN, every_row=every_row)
+        return rows, await home.jobs.recent()
+
+    answers, down = await ledgers.each(read)
+    label = (lambda home: home.label) if ledgers.several else (lambda home: "")
+    rows = [
+        {**r, "detail": json.loads(r["detail"]), "database": label(home)}
+        for home, (found, _) in answers
+        for r in found
+    ]
+    rows.sort(key=lambda r: r["at"], reverse=True)
+    jobs = [(label(home), j) for home, (_, found_jobs) in answers for j in found_jobs]
+    jobs.sort(key=lambda pair: pair[1].started, reverse=True)
     return render(
         request,
         "audit.html",
-        rows=[{**r, "detail": json.loads(r["detail"])} for r in rows],
+        rows=rows[:SHOWN],
         every_row=every_row,
-        jobs=await jobs_of(request).recent(),
+        jobs=jobs,
+        down=down,
     )
 
 
 async def job(request: Request) -> Response:
-    found = await jobs_of(request).get(request.path_params["job_id"])
+    home = ledger_of(request, request.query_params.get("database", ""))
+    found = await home.jobs.get(request.path_params["job_id"])
     if found is None:
         raise HTTPException(404, "no such replay")
     return render(request, "job.html", job=found)

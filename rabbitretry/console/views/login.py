@@ -9,7 +9,6 @@ from rabbitretry.console import security
 from rabbitretry.console.app import (
     config_of,
     failed_login,
-    pool_of,
     posted,
     refuse_cross_site,
     refuse_throttled,
@@ -65,7 +64,7 @@ async def logout(request: Request) -> Response:
     await posted(request)
     session = session_of(request)
     if session.issued:  # a cookie's session; one from an Authorization header has no end
-        await revoke(pool_of(request), session)
+        await revoke(request, session)
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(security.SESSION_COOKIE)
     return response

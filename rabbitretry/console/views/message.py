@@ -13,24 +13,32 @@ from starlette.responses import RedirectResponse, Response
 
 from rabbitretry import ledger, operations
 from rabbitretry.console import display
-from rabbitretry.console.app import config_of, pool_of, render
+from rabbitretry.console.app import config_of, ledger_of, ledgers_of, render
 from rabbitretry.topology import names
 
 
 async def message(request: Request) -> Response:
     key = ledger.Key(request.query_params.get("queue", ""), request.query_params.get("id", ""))
-    return await message_page(request, key)
+    return await message_page(request, key, database=request.query_params.get("database", ""))
 
 
 async def message_page(
-    request: Request, key: ledger.Key, *, error: str = "", draft: str | None = None
+    request: Request,
+    key: ledger.Key,
+    *,
+    database: str = "",
+    error: str = "",
+    draft: str | None = None,
 ) -> Response:
     """The page of ``key``; with ``error`` (a 400), it shows the rejected ``draft`` payload
-    again so an edit that failed validation can be corrected rather than retyped."""
-    pool = pool_of(request)
+    again so an edit that failed validation can be corrected rather than retyped. ``database``
+    is the label of the ledger database it is in (with several)."""
+    home = ledger_of(request, database)
+    pool = home.pool
     row = await ledger.get(pool, key)
     if row is None:
-        raise HTTPException(404, f"no message {key} in the ledger")
+        where = f" database {home.label}" if ledgers_of(request).several else ""
+        raise HTTPException(404, f"no message {key} in the ledger{where}")
     attempts, audit = await operations.history(pool, key)
     recovery = await operations.recover_run(pool, key)  # None: no hook, or it has not run
     kept = row["payload"] is not None  # a succeeded message's snapshot may be dropped
@@ -41,6 +49,7 @@ async def message_page(
         400 if error else 200,
         row=row,
         key=key,
+        located=home.label if ledgers_of(request).several else "",
         attempts=attempts,
         audit=audit,
         recovery=recovery,
@@ -55,9 +64,10 @@ async def message_page(
     )
 
 
-def to_message(key: ledger.Key, notice: str) -> Response:
+def to_message(key: ledger.Key, notice: str, database: str = "") -> Response:
     """Back to the message's page after an action on it, announcing ``notice``."""
-    query = urlencode({"queue": key.queue, "id": key.message_id, "notice": notice})
+    where = {"database": database} if database else {}
+    query = urlencode({"queue": key.queue, "id": key.message_id, **where, "notice": notice})
     return RedirectResponse(f"/message?{query}", status_code=303)
 
 

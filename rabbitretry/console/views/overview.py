@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from math import ceil
 
 from markupsafe import Markup
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from rabbitretry import db
 from rabbitretry.console import chart
-from rabbitretry.console.app import actor_of, pool_of, posted, render
+from rabbitretry.console.app import actor_of, ledger_of, ledgers_of, posted, render
+from rabbitretry.console.ledgers import Ledger
 from rabbitretry.console.views.lists import params_of
 from rabbitretry.monitoring import metrics
 from rabbitretry.monitoring.alert_content import duration
@@ -22,28 +24,54 @@ from rabbitretry.operations.downstreams import Breaker
 CHART_MINUTES = 180
 
 
-async def overview(request: Request) -> Response:
-    """The landing page: per queue, what is dead, retrying and in progress, and how the last
-    hours went; the latest alert; the downstream breakers."""
-    pool = pool_of(request)
-    async with pool.acquire() as conn:
+@dataclass(frozen=True)
+class Reading:
+    """What the overview reads of one ledger database."""
+
+    queues: list[db.Record]
+    minutes: list[db.Record]
+    alerts: list[db.Record]
+    breakers: list[Breaker]
+
+
+async def _read(home: Ledger) -> Reading:
+    async with home.pool.acquire() as conn:
         queues = await conn.fetch(db.query("console_overview_queues"))
         minutes = await conn.fetch(db.query("console_overview_minutes"), CHART_MINUTES)
         alerts = await conn.fetch(db.query("alerts_recent"), None, 1)
-    breakers = await downstreams.breakers(pool)
+    return Reading(queues, minutes, alerts, await downstreams.breakers(home.pool))
+
+
+async def overview(request: Request) -> Response:
+    """The landing page: per queue, what is dead, retrying and in progress, and how the last
+    hours went; the latest alert; the downstream breakers. With several ledger databases,
+    each row says which it is in, and a database that cannot be read is named."""
+    ledgers = ledgers_of(request)
+    readings, down = await ledgers.each(_read)
     drawn = datetime.now(UTC)
     now = drawn.replace(second=0, microsecond=0)
-    charts = _charts(minutes, now)
-    names = sorted({*(q["queue"] for q in queues), *charts})
-    counts = {q["queue"]: q for q in queues}
+    queues: list[tuple[str, str, db.Record | None, Markup]] = []
+    rows: list[DownstreamRow] = []
+    alerts: list[db.Record] = []
+    for home, reading in readings:
+        label = home.label if ledgers.several else ""
+        charts = _charts(reading.minutes, now)
+        names = sorted({*(q["queue"] for q in reading.queues), *charts})
+        counts = {q["queue"]: q for q in reading.queues}
+        queues += [
+            (label, name, counts.get(name), charts.get(name) or chart.svg([], name))
+            for name in names
+        ]
+        rows += [DownstreamRow.of(breaker, drawn, label) for breaker in reading.breakers]
+        alerts += reading.alerts
+    alerts.sort(key=lambda alert: alert["last_seen"], reverse=True)
     return render(
         request,
         "overview.html",
-        queues=[
-            (name, counts.get(name), charts.get(name) or chart.svg([], name)) for name in names
-        ],
+        queues=queues,
         alert=alerts[0] if alerts else None,
-        downstreams=[DownstreamRow.of(breaker, drawn) for breaker in breakers],
+        downstreams=rows,
+        down=down,
         hours=CHART_MINUTES // 60,
         params=params_of(request),
         now=drawn,
@@ -62,11 +90,14 @@ class DownstreamRow:
     next_probe: str
     failed_probes: str
     """the failed probes of this outage; "-" while closed"""
+    database: str = ""
+    """the label of the ledger database it is recorded in, with several"""
 
     @classmethod
-    def of(cls, breaker: Breaker, now: datetime) -> DownstreamRow:
+    def of(cls, breaker: Breaker, now: datetime, database: str = "") -> DownstreamRow:
         closed = breaker.state == "closed" and not breaker.held_open
         return cls(
+            database=database,
             breaker=breaker,
             state="open (held)" if breaker.held_open else breaker.state,
             level="open" if breaker.held_open else breaker.state,
@@ -94,11 +125,12 @@ async def downstream_action(request: Request) -> Response:
     name = str(form.get("name") or "")
     reason = str(form.get("reason") or "") or None
     action = form.get("action")
+    pool = ledger_of(request, str(form.get("database") or "")).pool
     if action == "open":
-        await downstreams.hold_open(pool_of(request), name, actor=actor_of(request), reason=reason)
+        await downstreams.hold_open(pool, name, actor=actor_of(request), reason=reason)
         return RedirectResponse("/?notice=downstream-held", status_code=303)
     if action == "close":
-        await downstreams.close(pool_of(request), name, actor=actor_of(request), reason=reason)
+        await downstreams.close(pool, name, actor=actor_of(request), reason=reason)
         return RedirectResponse("/?notice=downstream-closed", status_code=303)
     raise OperationError("the action must be open or close")
 
@@ -116,6 +148,31 @@ def _charts(rows: list[db.Record], now: datetime) -> dict[str, Markup]:
 
 
 async def prometheus(request: Request) -> Response:
-    """The ledger gauges for Prometheus, behind the login: scrape with a bearer token."""
-    body = await metrics.render_ledger_metrics(pool_of(request))
+    """The ledger gauges for Prometheus, behind the login: scrape with a bearer token. With
+    several databases, each gauge has a ``database`` label."""
+    ledgers = ledgers_of(request)
+    if not ledgers.several:
+        body = await metrics.render_ledger_metrics(ledgers.first.pool)
+    else:
+        body = await metrics.render_ledgers_metrics({home.label: home.pool for home in ledgers})
     return Response(body, media_type=metrics.CONTENT_TYPE)
+
+
+async def healthz(request: Request) -> Response:
+    """Whether each ledger database answers (and would take a write), without a login: 200
+    when every one does, else 503, naming the one that does not. One database: ``database``;
+    several: ``database:LABEL`` each."""
+    ledgers = ledgers_of(request)
+    checks = {
+        (f"database:{home.label}" if ledgers.several else "database"): check
+        for home, check in zip(
+            ledgers,
+            await asyncio.gather(*(metrics.database_check(home.pool) for home in ledgers)),
+            strict=True,
+        )
+    }
+    ok = all(check == "ok" for check in checks.values())
+    return JSONResponse(
+        {"status": "ok" if ok else "unavailable", "checks": checks},
+        status_code=200 if ok else 503,
+    )
