@@ -22,8 +22,8 @@ from typing import Any
 import aio_pika
 import asyncpg
 
+from bench import big_ledger, console_pages, report, stats
 from bench import callbacks as callback_receiver
-from bench import console_pages, report, stats
 from bench.due_scan import run_due_scan, scan_statement
 from bench.latency import run_latency
 from bench.processes import run_processes
@@ -91,6 +91,7 @@ async def main(
     max_retry_delay: float,
     latency_seconds: float,
     callbacks: int,
+    big_rows: int,
 ) -> None:
     # SIGTERM stops the run like Ctrl-C: cleanup (scratch database, queues) still runs.
     this = asyncio.current_task()
@@ -136,8 +137,14 @@ async def main(
         await console_pages.fill(console_url, CONSOLE_ROWS)
         pages = await console_pages.measure(console_url, repeats=15)
 
+    print(
+        f"big ledger: {big_rows:,} finished rows, C({big_ledger.CONCURRENCY}) and a prune",
+        flush=True,
+    )
+    big = await big_ledger.run(big_rows, min(messages, 8_000), repeats)
+
     rss = latency["half"]["rss_mb"]
-    targets = stats.targets(stats.Measured(ratios, latency, retry, scan.get("1000000"), rss))
+    targets = stats.targets(stats.Measured(ratios, latency, retry, scan.get("1000000"), rss, big))
     results = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": info,
@@ -161,6 +168,7 @@ async def main(
             for name, path, median, slowest in pages
         ],
         "console_rows": CONSOLE_ROWS,
+        "big_ledger": big,
         "targets": [t.as_dict() for t in targets],
         "seconds": round(time.monotonic() - started),
     }
@@ -192,5 +200,6 @@ if __name__ == "__main__":
             max_retry_delay=60.0 if args.quick else 180.0,
             latency_seconds=5.0 if args.quick else 15.0,
             callbacks=1_000 if args.quick else 5_000,
+            big_rows=1_000_000 if args.quick else 10_000_000,
         )
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
 from typing import Any
 
@@ -157,6 +158,9 @@ def other_table(results: Mapping[str, Any]) -> str:
     lines += [f"| {int(rows):,} | {ms:.2f} |" for rows, ms in results["due_scan_ms"].items()]
     lines.append("")
     lines.append(f"Worker peak RSS: {results['rss_mb']:.1f} MB.")
+    if results.get("big_ledger"):
+        lines.append("")
+        lines += [f"- {line}" for line in big_ledger_summary(results["big_ledger"])]
     return "\n".join(lines)
 
 
@@ -214,3 +218,25 @@ def with_results(document: str, results: Mapping[str, Any]) -> str:
         _, after = rest.split(END, 1)
         return before + section + after
     return document.rstrip("\n") + "\n\n" + section + "\n"
+
+
+def big_ledger_summary(found: Mapping[str, Any]) -> list[str]:
+    """bench.big_ledger's figures, a line each."""
+    concurrency = found.get("concurrency", 8)
+    loaded = statistics.median(found["loaded"])
+    empty = statistics.median(found["empty"])
+    lines = [
+        f"{found['rows']:,} finished rows loaded in {found['load_seconds']:.0f} s, "
+        f"{found['bytes_per_row']:.0f} bytes a message (ledger and attempt log, indexes)",
+        f"C({concurrency}) loaded / empty: {loaded / empty:.2f} "
+        f"(rounds {min(found['loaded']):,.0f}-{max(found['loaded']):,.0f} against "
+        f"{min(found['empty']):,.0f}-{max(found['empty']):,.0f} msgs/s)",
+    ]
+    if found["while_pruning"]:
+        during = statistics.median(found["while_pruning"])
+        lines.append(
+            f"C({concurrency}) while pruning / loaded: {during / loaded:.2f} "
+            f"({len(found['while_pruning'])} runs, "
+            f"{min(found['while_pruning']):,.0f}-{max(found['while_pruning']):,.0f} msgs/s)"
+        )
+    return lines

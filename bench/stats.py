@@ -159,6 +159,7 @@ class Measured:
     retry: Mapping[str, float]  # lateness_summary
     scan_1m_ms: float | None
     rss_mb: float
+    big_ledger: Mapping[str, Any] | None = None  # bench.big_ledger.run's result
 
 
 def targets(measured: Measured) -> list[Target]:
@@ -178,6 +179,24 @@ def targets(measured: Measured) -> list[Target]:
     if measured.scan_1m_ms is not None:
         found.append(Target("due-scan at 1M rows", measured.scan_1m_ms, 50.0, "ms", False))
     found.append(Target("worker peak RSS", measured.rss_mb, 100.0, "MB", False))
+    found += big_ledger_targets(measured.big_ledger)
+    return found
+
+
+def big_ledger_targets(big: Mapping[str, Any] | None) -> list[Target]:
+    """C on a bulk-loaded ledger against an empty one, and while a prune runs on it."""
+    if not big:
+        return []
+    loaded = statistics.median(big["loaded"])
+    rows = f"{big['rows'] / 1e6:g}M"
+    found = [
+        Target(
+            f"C at {rows} rows / C empty", loaded / statistics.median(big["empty"]), 0.95, "x", True
+        )
+    ]
+    if big["while_pruning"]:
+        during = statistics.median(big["while_pruning"]) / loaded
+        found.append(Target("C while pruning / C loaded", during, 0.90, "x", True))
     return found
 
 

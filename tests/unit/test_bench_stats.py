@@ -217,3 +217,28 @@ def test_the_generated_section_of_the_document_is_replaced_and_the_rest_kept() -
     assert "| 1,000,000 | 3.00 |" in updated
     appended = report.with_results("# Benchmarks\n", results())
     assert appended.count(report.START) == 1 and appended.startswith("# Benchmarks\n\n")
+
+
+BIG = {
+    "rows": 10_000_000,
+    "load_seconds": 150.0,
+    "bytes_per_row": 498.0,
+    "concurrency": 8,
+    "empty": [1000.0, 1100.0, 900.0],
+    "loaded": [1000.0, 950.0, 1050.0],
+    "while_pruning": [800.0, 900.0],
+}
+
+
+def test_a_big_ledger_is_judged_by_its_medians() -> None:
+    found = {t.name: t.value for t in stats.big_ledger_targets(BIG)}
+    assert found == {"C at 10M rows / C empty": 1.0, "C while pruning / C loaded": 0.85}
+    assert stats.big_ledger_targets(None) == []
+    assert stats.big_ledger_targets({**BIG, "while_pruning": []})[-1].name.startswith("C at")
+
+
+def test_a_big_ledger_reads_as_three_lines() -> None:
+    lines = report.big_ledger_summary(BIG)
+    assert lines[0].startswith("10,000,000 finished rows loaded in 150 s, 498 bytes")
+    assert "loaded / empty: 1.00 (rounds 950-1,050 against 900-1,100 msgs/s)" in lines[1]
+    assert "while pruning / loaded: 0.85 (2 runs, 800-900 msgs/s)" in lines[2]

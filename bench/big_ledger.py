@@ -1,0 +1,145 @@
+"""A ledger that has lived: C on a ledger bulk-loaded with millions of finished rows against C
+on an empty one, and C while ``rabbitretry ledger prune`` deletes them.
+
+::
+
+    python -m bench.big_ledger --rows 10000000 --messages 8000 --repeats 3
+
+The rows are what a succeeded message leaves (no snapshot, one attempt-log row), spread over
+queues and over the 40 days before the run, so that a prune with the default 30-day window
+takes three quarters of them. C runs at concurrency 8 with a queue of its own; the prune runs
+in a process of its own, as cron would start it. Rates are medians of alternating rounds
+(empty, loaded) so that a noisy minute hits both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from typing import Any
+
+import asyncpg
+
+from bench.report import big_ledger_summary
+from bench.services import scratch_database
+from bench.throughput import run_rabbitretry
+
+CONCURRENCY = 8
+QUEUES = 4
+CHUNK = 500_000  # rows per load statement: a transaction of seconds, not minutes
+
+LOAD = """
+INSERT INTO rabbitretry.ledger (queue, message_id, status, attempts, max_attempts,
+                                first_seen, updated_at, finished_at, payload, headers,
+                                properties)
+SELECT 'history-' || (n % $3), 'order-' || n, 'succeeded', 1, 5, at, at, at, NULL, NULL, NULL
+FROM generate_series($1::bigint, $2::bigint - 1) AS n,
+     LATERAL (SELECT now() - interval '40 days' * (n::float8 / $4)) AS t(at);
+INSERT INTO rabbitretry.attempt (queue, message_id, attempt, started_at, finished_at,
+                                 outcome, worker, handler_started_at)
+SELECT 'history-' || (n % $3), 'order-' || n, 1, at, at, 'succeeded', 'w', at
+FROM generate_series($1::bigint, $2::bigint - 1) AS n,
+     LATERAL (SELECT now() - interval '40 days' * (n::float8 / $4)) AS t(at);
+"""
+
+
+async def load(database_url: str, rows: int) -> float:
+    """Fill the ledger with ``rows`` finished messages; seconds it took."""
+    started = time.monotonic()
+    conn = await asyncpg.connect(database_url)
+    try:
+        for low in range(0, rows, CHUNK):
+            for statement in LOAD.strip().split(";\n")[:2]:
+                await conn.execute(statement, low, min(low + CHUNK, rows), QUEUES, rows)
+            print(f"  loaded {min(low + CHUNK, rows):,} of {rows:,} rows", flush=True)
+        await conn.execute("VACUUM ANALYZE rabbitretry.ledger")
+        await conn.execute("VACUUM ANALYZE rabbitretry.attempt")
+    finally:
+        await conn.close()
+    return time.monotonic() - started
+
+
+async def size(database_url: str) -> int:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT pg_total_relation_size('rabbitretry.ledger')"
+                " + pg_total_relation_size('rabbitretry.attempt')"
+            )
+        )
+    finally:
+        await conn.close()
+
+
+async def rate(database_url: str, messages: int) -> float:
+    return (await run_rabbitretry(database_url, CONCURRENCY, messages, messages // 10)).rate
+
+
+@contextlib.asynccontextmanager
+async def pruning(database_url: str) -> Any:
+    """``rabbitretry ledger prune --older-than 30d`` running in its own process meanwhile."""
+    env = {**os.environ, "RABBITRETRY_DATABASE_URL": database_url}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "rabbitretry",
+        "ledger",
+        "prune",
+        "--older-than",
+        "30d",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    started = time.monotonic()
+    try:
+        yield process
+    finally:
+        output, _ = await process.communicate()
+        print(f"  prune: {output.decode().strip()} ({time.monotonic() - started:.0f} s)")
+
+
+async def run(rows: int, messages: int, repeats: int) -> dict[str, Any]:
+    async with scratch_database() as empty, scratch_database() as loaded:
+        print(f"loading {rows:,} finished rows", flush=True)
+        seconds = await load(loaded, rows)
+        found: dict[str, Any] = {"rows": rows, "load_seconds": seconds, "concurrency": CONCURRENCY}
+        found["bytes_per_row"] = await size(loaded) / rows
+        empty_rates, loaded_rates = [], []
+        for _ in range(repeats):
+            empty_rates.append(await rate(empty, messages))
+            loaded_rates.append(await rate(loaded, messages))
+            print(
+                f"  C({CONCURRENCY}) empty {empty_rates[-1]:,.0f}/s, "
+                f"loaded {loaded_rates[-1]:,.0f}/s",
+                flush=True,
+            )
+        found["empty"] = empty_rates
+        found["loaded"] = loaded_rates
+        during: list[float] = []
+        async with pruning(loaded) as prune:
+            while prune.returncode is None and len(during) < repeats * 3:
+                during.append(await rate(loaded, messages))
+                print(f"  C({CONCURRENCY}) while pruning {during[-1]:,.0f}/s", flush=True)
+        found["while_pruning"] = during
+        found["after_prune"] = [await rate(loaded, messages) for _ in range(repeats)]
+        return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--messages", type=int, default=8_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    found = asyncio.run(run(args.rows, args.messages, args.repeats))
+    print("\n".join(big_ledger_summary(found)))
+
+
+if __name__ == "__main__":
+    main()
