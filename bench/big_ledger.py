@@ -27,6 +27,7 @@ import asyncpg
 from bench.report import big_ledger_summary
 from bench.services import scratch_database
 from bench.throughput import run_rabbitretry
+from rabbitretry.ledger.retention import REST
 
 CONCURRENCY = 8
 QUEUES = 4
@@ -81,8 +82,9 @@ async def rate(database_url: str, messages: int) -> float:
 
 
 @contextlib.asynccontextmanager
-async def pruning(database_url: str) -> Any:
-    """``rabbitretry ledger prune --older-than 30d`` running in its own process meanwhile."""
+async def pruning(database_url: str, rest: float) -> Any:
+    """``rabbitretry ledger prune --older-than 30d --rest REST`` running in its own process
+    meanwhile."""
     env = {**os.environ, "RABBITRETRY_DATABASE_URL": database_url}
     process = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -92,6 +94,8 @@ async def pruning(database_url: str) -> Any:
         "prune",
         "--older-than",
         "30d",
+        "--rest",
+        str(rest),
         env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
@@ -104,11 +108,16 @@ async def pruning(database_url: str) -> Any:
         print(f"  prune: {output.decode().strip()} ({time.monotonic() - started:.0f} s)")
 
 
-async def run(rows: int, messages: int, repeats: int) -> dict[str, Any]:
+async def run(rows: int, messages: int, repeats: int, rest: float = REST) -> dict[str, Any]:
     async with scratch_database() as empty, scratch_database() as loaded:
         print(f"loading {rows:,} finished rows", flush=True)
         seconds = await load(loaded, rows)
-        found: dict[str, Any] = {"rows": rows, "load_seconds": seconds, "concurrency": CONCURRENCY}
+        found: dict[str, Any] = {
+            "rows": rows,
+            "load_seconds": seconds,
+            "concurrency": CONCURRENCY,
+            "rest": rest,
+        }
         found["bytes_per_row"] = await size(loaded) / rows
         empty_rates, loaded_rates = [], []
         for _ in range(repeats):
@@ -122,7 +131,7 @@ async def run(rows: int, messages: int, repeats: int) -> dict[str, Any]:
         found["empty"] = empty_rates
         found["loaded"] = loaded_rates
         during: list[float] = []
-        async with pruning(loaded) as prune:
+        async with pruning(loaded, rest) as prune:
             while prune.returncode is None and len(during) < repeats * 3:
                 during.append(await rate(loaded, messages))
                 print(f"  C({CONCURRENCY}) while pruning {during[-1]:,.0f}/s", flush=True)
@@ -136,8 +145,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--messages", type=int, default=8_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rest", type=float, default=REST, help="the prune's --rest")
     args = parser.parse_args()
-    found = asyncio.run(run(args.rows, args.messages, args.repeats))
+    found = asyncio.run(run(args.rows, args.messages, args.repeats, args.rest))
     print("\n".join(big_ledger_summary(found)))
 
 

@@ -74,6 +74,17 @@ async def prune(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Count what would be removed; remove nothing.")
     ] = False,
+    rest: Annotated[
+        float,
+        typer.Option(
+            "--rest",
+            min=0.0,
+            max=100.0,
+            help="After each batch of 5,000 rows, rest this many times as long as the batch "
+            "took, so that the workers writing to the same database keep most of it; 0 goes "
+            "flat out (off-peak).",
+        ),
+    ] = retention.REST,
     database: DatabaseOption = None,
 ) -> None:
     """Remove finished messages (succeeded, skipped, ignored), sent outbox rows, sent alerts and
@@ -98,7 +109,7 @@ async def prune(
                 f"callback receipt(s) from before {before:%Y-%m-%d %H:%M %Z}"
             )
             return
-        pruned = await retention.prune(pool, before)
+        pruned = await retention.prune(pool, before, rest=rest)
     finally:
         await pool.close()
     out.print(

@@ -9,10 +9,12 @@ stay until someone replays or ignores them, and rows in flight stay until they f
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from rabbitretry.db import Pool, query
+from rabbitretry.db import Pool, Record, query
 
 # Shorter windows would forget keys whose duplicates can still arrive: a copy parked in the
 # delay chain comes back up to about 47 hours later (topology.delays.MAX_DELAY_SECONDS; a test
@@ -20,6 +22,9 @@ from rabbitretry.db import Pool, query
 # broker outage, an outbox relay that resends, a reconciliation window.
 MIN_WINDOW = timedelta(days=3)
 BATCH = 5_000  # rows per statement: short transactions, no long locks on a busy ledger
+# After each batch, rest this many times as long as it took: a prune then keeps at most half of
+# one database backend busy, and the workers the rest (docs/operations.md, "Retention").
+REST = 1.0
 
 
 @dataclass(frozen=True)
@@ -49,35 +54,48 @@ async def prunable(pool: Pool, before: datetime) -> Pruned:
     )
 
 
-async def prune(pool: Pool, before: datetime, *, batch: int = BATCH) -> Pruned:
-    """Delete, batch by batch, what finished before ``before``; how many rows went."""
+async def prune(pool: Pool, before: datetime, *, batch: int = BATCH, rest: float = REST) -> Pruned:
+    """Delete, batch by batch, what finished before ``before``; how many rows went. After each
+    batch it rests ``rest`` times as long as the batch took, so that the workers writing to
+    the same database keep most of it (0: no rest)."""
+    paced = _Paced(pool, batch, rest)
     return Pruned(
-        ledger=await _succeeded(pool, before, batch)
-        + await _in_batches(pool, "prune_ledger", before, batch),
-        outbox=await _in_batches(pool, "prune_outbox", before, batch),
-        alerts=await _in_batches(pool, "prune_alerts", before, batch),
-        callback_receipts=await _in_batches(pool, "prune_callback_receipts", before, batch),
+        ledger=await paced.succeeded(before) + await paced.all(before, "prune_ledger"),
+        outbox=await paced.all(before, "prune_outbox"),
+        alerts=await paced.all(before, "prune_alerts"),
+        callback_receipts=await paced.all(before, "prune_callback_receipts"),
     )
 
 
-async def _succeeded(pool: Pool, before: datetime, batch: int) -> int:
-    """The succeeded rows, queue by queue, each batch from where the last one ended."""
-    total = 0
-    for queue in [row["queue"] for row in await pool.fetch(query("ledger_queues"))]:
-        start = datetime.min.replace(tzinfo=UTC)
+@dataclass(frozen=True)
+class _Paced:
+    pool: Pool
+    batch: int
+    rest: float
+
+    async def succeeded(self, before: datetime) -> int:
+        """The succeeded rows, queue by queue, each batch from where the last one ended."""
+        total = 0
+        for queue in [row["queue"] for row in await self.pool.fetch(query("ledger_queues"))]:
+            start = datetime.min.replace(tzinfo=UTC)
+            while True:
+                row = await self._batch("prune_succeeded", queue, before, self.batch, start)
+                total += row["deleted"]
+                if row["deleted"] < self.batch:
+                    break
+                start = row["last"]
+        return total
+
+    async def all(self, before: datetime, statement: str) -> int:
+        total = 0
         while True:
-            (row,) = await pool.fetch(query("prune_succeeded"), queue, before, batch, start)
-            total += row["deleted"]
-            if row["deleted"] < batch:
-                break
-            start = row["last"]
-    return total
+            deleted: int = (await self._batch(statement, before, self.batch))[0]
+            total += deleted
+            if deleted < self.batch:
+                return total
 
-
-async def _in_batches(pool: Pool, statement: str, before: datetime, batch: int) -> int:
-    total = 0
-    while True:
-        deleted: int = await pool.fetchval(query(statement), before, batch)
-        total += deleted
-        if deleted < batch:
-            return total
+    async def _batch(self, statement: str, *args: object) -> Record:
+        started = time.monotonic()
+        (row,) = await self.pool.fetch(query(statement), *args)
+        await asyncio.sleep((time.monotonic() - started) * self.rest)
+        return row
