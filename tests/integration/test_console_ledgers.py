@@ -105,6 +105,26 @@ async def test_every_page_shows_both_databases_rows_each_labelled(two: Two) -> N
     )
     assert bank and bank[1] == two.second_label
 
+    held = await post(
+        two.client,
+        "/actions/downstream",
+        {
+            "csrf": csrf_of(overview.text),
+            "name": "bank",
+            "action": "open",
+            "database": two.second_label,
+        },
+    )
+    assert held.status_code == 303, held.text
+    opened = "SELECT count(*) FROM rabbitretry.audit WHERE action = 'downstream-open'"
+    assert (await two.first.fetchval(opened), await two.second.fetchval(opened)) == (0, 1)
+    gauges = (await two.client.get("/metrics")).text
+    assert f'rabbitretry_ledger_up{{database="{two.first_label}"}} 1.0' in gauges
+    assert (
+        f'rabbitretry_downstream_state{{database="{two.second_label}",downstream="bank",'
+        'state="open"} 1.0'
+    ) in gauges
+
     found = await two.client.get(
         "/message", params={"queue": "payments", "id": "p-1", "database": two.second_label}
     )
