@@ -39,6 +39,9 @@ def recovery_consumer(owner: Consumer[Any]) -> type[Consumer[Any]]:
         database_url = owner_type.database_url
         downstreams = owner_type.downstreams  # its compensations may call them too
         max_body_bytes = max(owner_type.max_body_bytes, 1)
+        # A run's headers name the dead message it answers (dead show and the console find
+        # the run through them), so a succeeded run keeps its snapshot: one row per death.
+        keep_payload = "always"
 
         @classmethod
         def parse(cls, body: bytes) -> bytes:
