@@ -5,6 +5,7 @@ threads, the peers E and F at 1, 8 and 32). ``python -m bench.rounds`` runs some
 alone, in a scratch database, and prints their rates, costs, ratios and the peers' targets::
 
     python -m bench.rounds --variants C,E,F --concurrency 8,32 --messages 5000 --repeats 3
+    python -m bench.rounds --variants A,C --event-loop uvloop
 
 ``--concurrency`` selects A, B, C, E and F's settings; D keeps its own (1x1 and 1x8).
 """
@@ -131,6 +132,18 @@ if __name__ == "__main__":
     )
     parser.add_argument("--messages", type=int, default=20_000, help="messages a run")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of every variant")
+    parser.add_argument(
+        "--event-loop",
+        choices=["asyncio", "uvloop"],
+        default="asyncio",
+        help="the loop every in-process variant runs on (uvloop: rabbitretry[fast])",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    asyncio.run(main(args.messages, args.repeats, args.variants, args.concurrency))
+    loop_factory = None
+    if args.event_loop == "uvloop":
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(main(args.messages, args.repeats, args.variants, args.concurrency))

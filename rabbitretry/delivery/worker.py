@@ -182,11 +182,12 @@ class Worker:
             # tens of milliseconds in the middle of deliveries.
             gc.freeze()
             log.info(
-                "worker %s consuming %s with concurrency %d from %s",
+                "worker %s consuming %s with concurrency %d from %s (event loop: %s)",
                 self.name,
                 ", ".join(c.queue for c in self.consumers),
                 self.concurrency,
                 amqp.node_url(consume_conn),
+                type(asyncio.get_running_loop()).__module__.partition(".")[0],
             )
             await self._stopping.wait()
             log.info("worker %s stopping: no new deliveries, finishing in-flight work", self.name)

@@ -128,7 +128,8 @@ async def test_sighup_stops_the_worker_like_sigterm(
     amqp_url: str, database_url: str, slow_queue: str
 ) -> None:
     async with worker(amqp_url, database_url, slow_queue) as run:
-        await run.wait_for_line("consuming")
+        consuming = await run.wait_for_line("consuming")
+        assert consuming.endswith("(event loop: uvloop)")  # installed with the dev extras
         run.process.send_signal(signal.SIGHUP)
         assert await run.exit_code(timeout=30) == 0
     assert any("SIGHUP, stopping" in line for line in run.log), run.log
@@ -145,3 +146,20 @@ async def test_a_signal_during_start_up_ends_it(
     assert any("SIGTERM during start-up, giving up" in line for line in run.log), run.log
     assert any("stopped before it started consuming" in line for line in run.log), run.log
     assert not any("Traceback" in line for line in run.log), run.log
+
+
+async def test_the_event_loop_is_chosen_by_rabbitretry_event_loop(
+    amqp_url: str, database_url: str, slow_queue: str
+) -> None:
+    env = {"RABBITRETRY_EVENT_LOOP": "asyncio"}
+    async with worker(amqp_url, database_url, slow_queue, **env) as run:
+        consuming = await run.wait_for_line("consuming")
+        assert consuming.endswith("(event loop: asyncio)")
+        run.process.send_signal(signal.SIGTERM)
+        assert await run.exit_code(timeout=30) == 0
+
+    async with worker(amqp_url, database_url, slow_queue, RABBITRETRY_EVENT_LOOP="fast") as run:
+        assert await run.exit_code(timeout=30) == 2
+    assert run.log == ["error: RABBITRETRY_EVENT_LOOP='fast': use one of auto, uvloop, asyncio"], (
+        run.log
+    )
