@@ -136,7 +136,7 @@ if __name__ == "__main__":
         "--event-loop",
         choices=["asyncio", "uvloop"],
         default="asyncio",
-        help="the loop every in-process variant runs on (uvloop: rabbitretry[fast])",
+        help="the loop every in-process variant runs on (uvloop: rabbitretry[uvloop])",
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
