@@ -36,7 +36,8 @@ FROM claims ORDER BY ord;
 
 -- name: batching_succeeded_many
 -- The success marks of many attempts (as `finish_attempt` with status succeeded; $4: keep
--- each one's snapshot), in one synchronous commit. Returns the attempts that were still
+-- each one's snapshot; without it only the publish time of the properties stays), in one
+-- synchronous commit. Returns the attempts that were still
 -- current; one missing had lost its lease to another attempt.
 WITH finished AS (
     UPDATE rabbitretry.ledger l
@@ -45,7 +46,11 @@ WITH finished AS (
         updated_at = now(), lease_until = NULL, next_retry_at = NULL,
         payload = CASE WHEN i.keep THEN l.payload END,
         headers = CASE WHEN i.keep THEN l.headers END,
-        properties = CASE WHEN i.keep THEN l.properties END
+        properties = CASE
+            WHEN i.keep THEN l.properties
+            WHEN l.properties ? 'timestamp'
+            THEN jsonb_build_object('timestamp', l.properties -> 'timestamp')
+        END
     FROM unnest($1::text[], $2::text[], $3::int[], $4::bool[])
          AS i(queue, message_id, attempt, keep)
     WHERE l.queue = i.queue AND l.message_id = i.message_id AND l.attempts = i.attempt

@@ -3,9 +3,10 @@
 -- rows still in flight. Succeeded rows, nearly all of a ledger, are found through the index the
 -- reconciler's orphan check keeps anyway (ledger_succeeded_idx), queue by queue and oldest
 -- first, each batch starting where the last one ended: a batch reads what it deletes, however
--- large the ledger. The other scans are not indexed on purpose (an index on finished_at of
--- every status would cost every message on the hot path): skipped and ignored rows are few,
--- and the other tables small.
+-- large the ledger. Skipped and ignored rows, few and written once, have an index of their own
+-- (ledger_set_aside_idx); the other tables are small. Each DELETE checks a row's status and end
+-- again: a row chosen for deletion that changed meanwhile (an operator's undo of an ignore
+-- made it dead again) is left alone.
 
 -- name: ledger_queues
 -- Every queue of the ledger, read from its primary key by skipping from one queue to the next.
@@ -29,6 +30,7 @@ WITH doomed AS (
 ), deleted AS (
     DELETE FROM rabbitretry.ledger l USING doomed d
     WHERE l.queue = d.queue AND l.message_id = d.message_id
+      AND l.status = 'succeeded' AND l.finished_at < $2
     RETURNING d.finished_at
 )
 SELECT count(*)::int AS deleted, max(finished_at) AS last FROM deleted;
@@ -43,6 +45,7 @@ WITH doomed AS (
 ), deleted AS (
     DELETE FROM rabbitretry.ledger l USING doomed d
     WHERE l.queue = d.queue AND l.message_id = d.message_id
+      AND l.status IN ('skipped', 'ignored') AND l.finished_at < $1
     RETURNING 1
 )
 SELECT count(*) FROM deleted;

@@ -1,5 +1,5 @@
 -- The ledger database of rabbitretry, whole: every table, index, constraint, function and
--- trigger of the schema `rabbitretry` as the migrations 0001 to 0012 leave it, in one file to
+-- trigger of the schema `rabbitretry` as the migrations 0001 to 0015 leave it, in one file to
 -- read (what is stored, and why) and to build an empty database from in one step:
 --
 --     psql --single-transaction -f rabbitretry/sql/schema.sql "$RABBITRETRY_DATABASE_URL"
@@ -80,6 +80,9 @@ CREATE INDEX ledger_succeeded_idx ON rabbitretry.ledger (queue, finished_at)
 -- Listing and grouping by fingerprint scan only the rows an operator acts on.
 CREATE INDEX ledger_fingerprint_idx ON rabbitretry.ledger (error_fingerprint, finished_at)
     WHERE status IN ('dead', 'retrying', 'ignored');
+-- ledger prune's skipped and ignored rows (few, written once): found without a scan.
+CREATE INDEX ledger_set_aside_idx ON rabbitretry.ledger (finished_at)
+    WHERE status IN ('skipped', 'ignored');
 
 -- Append-only: one row per attempt, written in the same transaction that counts it.
 CREATE TABLE rabbitretry.attempt (
@@ -721,7 +724,7 @@ CREATE TRIGGER ledger_recover_on_dead
 -- Migrations ---------------------------------------------------------------------------------
 
 -- The migrations applied (rabbitretry.db.migrate writes a row per migration); these rows say
--- that this schema stands for migrations 0001 to 0014.
+-- that this schema stands for migrations 0001 to 0015.
 CREATE TABLE rabbitretry.schema_migration (
     version     integer     PRIMARY KEY,
     name        text        NOT NULL,
@@ -741,4 +744,5 @@ INSERT INTO rabbitretry.schema_migration (version, name) VALUES
     (11, 'downstreams'),
     (12, 'recover_hooks'),
     (13, 'hot_attempts'),
-    (14, 'snapshot_until_success');
+    (14, 'snapshot_until_success'),
+    (15, 'online_indexes');

@@ -26,7 +26,8 @@ RETURNING 1;
 -- name: finish_attempt
 -- Closes attempt $3 of a key as succeeded, dead or skipped; the ledger row follows in the same
 -- statement. No row returned means the attempt had lost its lease to another one. $10: keep
--- the snapshot of a succeeded message (its consumer's keep_payload = "always").
+-- the snapshot of a succeeded message (its consumer's keep_payload = "always"); without it,
+-- of the properties only the publish time stays (what `rabbitretry status` measures from).
 WITH finished AS (
     UPDATE rabbitretry.ledger
     SET status = $4, reason = $5, error_type = $6, error_message = $7, error_traceback = $8,
@@ -34,7 +35,11 @@ WITH finished AS (
         lease_until = NULL, next_retry_at = NULL,
         payload = CASE WHEN $4 = 'succeeded' AND NOT $10 THEN NULL ELSE payload END,
         headers = CASE WHEN $4 = 'succeeded' AND NOT $10 THEN NULL ELSE headers END,
-        properties = CASE WHEN $4 = 'succeeded' AND NOT $10 THEN NULL ELSE properties END
+        properties = CASE
+            WHEN $4 <> 'succeeded' OR $10 THEN properties
+            WHEN properties ? 'timestamp'
+            THEN jsonb_build_object('timestamp', properties -> 'timestamp')
+        END
     WHERE queue = $1 AND message_id = $2 AND attempts = $3 AND status = 'processing'
     RETURNING queue, message_id, attempts
 )

@@ -7,6 +7,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 import aio_pika
@@ -25,6 +26,7 @@ async def publish(
     exchange: str = "",
     headers: dict[str, Any] | None = None,
     times: int = 1,
+    timestamp: datetime | None = None,
 ) -> None:
     raw = json.dumps(body).encode() if isinstance(body, dict) else body
     connection = await aio_pika.connect(amqp_url)
@@ -39,6 +41,7 @@ async def publish(
                     headers=headers or {},
                     content_type="application/json",
                     delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                    timestamp=timestamp,
                 ),
                 routing_key=routing_key,
             )

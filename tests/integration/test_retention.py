@@ -106,7 +106,9 @@ async def test_prune_takes_succeeded_rows_queue_by_queue_in_batches_through_the_
         plan = await conn.fetchval(
             "EXPLAIN (FORMAT JSON) " + query("prune_succeeded"), "a", before, 2, old
         )
-    assert "ledger_succeeded_idx" in plan and "Seq Scan" not in plan, plan
+        assert "ledger_succeeded_idx" in plan and "Seq Scan" not in plan, plan
+        plan = await conn.fetchval("EXPLAIN (FORMAT JSON) " + query("prune_ledger"), before, 2)
+        assert "ledger_set_aside_idx" in plan and "Seq Scan" not in plan, plan
 
 
 def test_a_window_shorter_than_the_longest_park_is_refused() -> None:

@@ -4,6 +4,8 @@ its own, and the console and the CLI say why a succeeded one has none."""
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -11,6 +13,7 @@ import pytest
 
 from rabbitretry import Consumer, Context, Permanent, RetryPolicy
 from rabbitretry.console import Auth, ConsoleConfig
+from rabbitretry.monitoring import levels
 from tests.integration.console_harness import TOKEN, console_client, log_in
 from tests.integration.harness import publish, running_worker, wait_status
 from tests.integration.test_pipeline import Job, make_consumer
@@ -121,3 +124,36 @@ async def test_the_console_says_why_a_succeeded_message_has_no_payload(
     assert page.status_code == 200, page.text
     assert "Not kept: the message succeeded" in page.text
     assert "keep_payload" in page.text
+
+
+async def test_a_succeeded_message_keeps_its_publish_time_for_the_service_levels(
+    amqp_url: str,
+    database_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    cleanup: list[type[Consumer[Any]]],
+) -> None:
+    """`rabbitretry status` measures latency from the publish time: the success mark keeps it
+    (and nothing else of the properties), so a backlog the messages waited in still shows."""
+
+    async def handler(msg: Job, ctx: Context) -> None:
+        return None
+
+    consumer = make_consumer(queue_name, handler)
+    cleanup.append(consumer)
+    published = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=40)
+    async with running_worker([consumer], amqp_url, database_url):
+        await publish(amqp_url, queue_name, {"n": 1}, message_id="late", timestamp=published)
+        await publish(amqp_url, queue_name, {"n": 2}, message_id="unstamped")
+        await wait_status(pool, queue_name, "late", "succeeded", timeout=20)
+        await wait_status(pool, queue_name, "unstamped", "succeeded", timeout=20)
+    properties = dict(
+        await pool.fetch(
+            "SELECT message_id, properties FROM rabbitretry.ledger WHERE queue = $1", queue_name
+        )
+    )
+    assert properties["unstamped"] is None
+    assert json.loads(properties["late"]) == {"timestamp": published.timestamp()}
+    (measured,) = await levels.measure(pool, [queue_name], {}, window=300)
+    assert measured.finished == 2
+    assert measured.p99 is not None and 39 <= measured.p99 < 60  # the 40 s it waited

@@ -2,16 +2,10 @@
 --
 -- attempt_downstream_idx (0011) had finished_at as a key and outcome in its predicate, which
 -- every attempt's finish changes: each finish then wrote a new entry into every index of the
--- attempt log instead of updating the row in place. The index now keys on what the failure
--- that it serves sets once (downstream, retry_at), and the attempt log leaves a fifth of each
--- page free, so that an attempt's start mark and finish find room beside the row.
-
-DROP INDEX rabbitretry.attempt_downstream_idx;
--- The attempts a trip forgives: charged failures of one downstream, by when their retry was
--- due. Its columns are set once, by the failure, so that the start mark and the finish of
--- every other attempt stay HOT updates (no index entry written).
-CREATE INDEX attempt_downstream_idx ON rabbitretry.attempt (downstream, retry_at)
-    WHERE downstream IS NOT NULL;
+-- attempt log instead of updating the row in place. Migration 0015 rebuilds the index on what
+-- the failure that it serves sets once (downstream, retry_at), without blocking the workers;
+-- the attempt log now leaves a fifth of each page free, so that an attempt's start mark and
+-- finish find room beside the row (a setting for new pages: no rewrite, no long lock).
 
 ALTER TABLE rabbitretry.attempt SET (fillfactor = 80);
 

@@ -1,0 +1,82 @@
+"""Migrations on a live ledger: a lock held by another transaction is waited for briefly (so
+that the workers' writes never queue behind a migration for long) and the command says what
+to do; a migration marked to run outside a transaction runs statement by statement, as
+``CREATE INDEX CONCURRENTLY`` needs."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from rabbitretry.ledger import migrations
+
+ADD_COLUMN = (9001, "probe_column", "ALTER TABLE rabbitretry.ledger ADD COLUMN probe integer;\n")
+ONLINE_INDEX = (
+    9002,
+    "probe_index",
+    "-- migration: outside a transaction\n"
+    "--\n"
+    "-- a comment between statements; ignored\n"
+    "DROP INDEX CONCURRENTLY IF EXISTS rabbitretry.probe_idx;\n"
+    "CREATE INDEX CONCURRENTLY probe_idx ON rabbitretry.ledger (updated_at)\n"
+    "    WHERE status = 'dead';\n",
+)
+
+
+@pytest.fixture
+def extra_migrations(monkeypatch: pytest.MonkeyPatch) -> None:
+    shipped = migrations.shipped()
+    monkeypatch.setattr(migrations, "shipped", lambda: [*shipped, ADD_COLUMN, ONLINE_INDEX])
+    monkeypatch.setattr(migrations, "LOCK_WAIT", "200ms")
+    monkeypatch.setattr(migrations, "LOCK_TRIES", 2)
+
+
+@pytest.mark.usefixtures("extra_migrations")
+async def test_a_lock_held_elsewhere_is_waited_for_briefly_then_named(
+    pool: asyncpg.Pool, database_url: str
+) -> None:
+    holder = await asyncpg.connect(database_url)
+    try:
+        lock = holder.transaction()
+        await lock.start()
+        await holder.execute("LOCK TABLE rabbitretry.ledger IN ACCESS SHARE MODE")
+        async with pool.acquire() as conn:
+            with pytest.raises(migrations.MigrationLocked) as refused:
+                await migrations.migrate(conn)
+            assert str(refused.value) == (
+                "migration 9001_probe_column could not take its locks (2 tries of 200ms): a long "
+                "transaction holds the ledger's tables (see pg_stat_activity); run `rabbitretry "
+                "db migrate` again once it has ended"
+            )
+            assert await migrations.pending_migrations(conn) == [
+                "9001_probe_column",
+                "9002_probe_index",
+            ]
+            # The holder was never blocked, and the migrator's lock wait is back to none.
+            assert await holder.fetchval("SELECT count(*) FROM rabbitretry.ledger") == 0
+            assert await conn.fetchval("SHOW lock_timeout") == "0"
+        await lock.commit()
+
+        async with pool.acquire() as conn:
+            assert await migrations.migrate(conn) == ["9001_probe_column", "9002_probe_index"]
+    finally:
+        await holder.close()
+    valid = await pool.fetchval(
+        "SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = 'rabbitretry.probe_idx'::regclass"
+    )
+    assert valid is True
+    assert await pool.fetchval("SELECT count(probe) FROM rabbitretry.ledger") == 0
+
+
+@pytest.mark.usefixtures("extra_migrations")
+async def test_an_online_migration_cut_short_runs_again_from_the_start(
+    pool: asyncpg.Pool,
+) -> None:
+    # An earlier run built the index and died before it was recorded (or left it invalid).
+    await pool.execute(
+        "CREATE INDEX probe_idx ON rabbitretry.ledger (updated_at) WHERE status = 'dead'"
+    )
+    async with pool.acquire() as conn:
+        assert await migrations.migrate(conn) == ["9001_probe_column", "9002_probe_index"]
+        assert await migrations.migrate(conn) == []
+    assert await pool.fetchval("SELECT to_regclass('rabbitretry.probe_idx') IS NOT NULL")
