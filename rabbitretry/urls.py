@@ -191,6 +191,15 @@ def database_labels(database_urls: Iterable[str]) -> dict[str, str]:
         same = sorted(other for other in wanted if first[other] == first[url])
         if len(same) > 1:
             labels[url] = f"{first[url]}#{same.index(url) + 1}"
+    by_label: dict[str, list[str]] = {}
+    for url, label in labels.items():
+        by_label.setdefault(label, []).append(mask_url(url))
+    for label, urls in by_label.items():
+        if len(urls) > 1:  # a database named like another's label (orders@host:5432#1)
+            raise ConfigurationError(
+                f"the databases {' and '.join(urls)} would both be labelled {label!r}, and "
+                "an action on one could reach the other: rename one of them"
+            )
     return labels
 
 

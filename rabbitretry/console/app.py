@@ -284,15 +284,20 @@ async def is_revoked(request: Request, session: Session) -> bool:
 
 async def revoke(request: Request, session: Session) -> None:
     """Refuse ``session`` from now on, here and in every console on these ledgers: written to
-    each database that answers (at least one must)."""
+    each database. A database that is down fails the logout (after the others took it): a
+    session is refused if any answering database has it logged out, so a revocation missing
+    from one would let the session back in while the others are down."""
     expires = datetime.fromtimestamp(session.issued + security.SESSION_SECONDS, UTC)
 
     async def write(ledger: Ledger) -> None:
         await ledger.pool.execute(db.query("console_revoke"), session.nonce, expires)
 
-    written, down = await ledgers_of(request).each(write)
-    if not written:
-        raise ServiceUnavailable(down[0].message if down else "no ledger database")
+    _, down = await ledgers_of(request).each(write)
+    if down:
+        raise ServiceUnavailable(
+            f"the logout could not be recorded everywhere ({down[0].message}); "
+            "log out again once it answers"
+        )
 
 
 def set_session_cookie(

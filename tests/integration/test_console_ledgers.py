@@ -256,5 +256,35 @@ async def test_a_database_that_is_down_is_named_and_the_other_answers(
             checks = health.json()["checks"]
             assert checks[f"database:{labels[database_url]}"] == "ok"
             assert checks[f"database:{labels[second_url]}"].startswith("the database")
+            client.cookies.clear()  # a load balancer: told which, not why
+            anonymous = await client.get("/healthz")
+            assert anonymous.status_code == 503
+            assert anonymous.json()["checks"] == {
+                f"database:{labels[database_url]}": "ok",
+                f"database:{labels[second_url]}": "unavailable",
+            }
+    finally:
+        await proxy.close()
+
+
+async def test_a_logout_that_misses_a_database_fails_and_lets_nothing_back_in(
+    database_url: str, second_database_url: str, amqp_url: str, pool: asyncpg.Pool
+) -> None:
+    parts = urlsplit(second_database_url)
+    proxy = await Proxy(parts.hostname or "127.0.0.1", parts.port or 5432).start()
+    second_url = proxy.url_for(second_database_url)
+    try:
+        async with console_client(config_for(database_url, second_url, amqp_url)) as client:
+            await log_in(client)
+            page = await client.get("/")
+            assert page.status_code == 200
+            await proxy.cut(refuse=True)
+            out = await post(client, "/logout", {"csrf": csrf_of(page.text)})
+            assert out.status_code == 503
+            assert "the logout could not be recorded everywhere" in out.text
+            assert "log out again once it answers" in out.text
+            # The first database took it: the session is refused while it answers.
+            refused = await client.get("/")
+            assert refused.status_code == 303 and refused.headers["location"].startswith("/login")
     finally:
         await proxy.close()

@@ -310,3 +310,13 @@ def test_database_labels_are_short_unique_stable_and_never_the_password() -> Non
     assert sorted(both.values()) == ["orders@db1:5432#1", "orders@db1:5432#2"]
     labels = database_labels([orders, "postgresql://u:s3cret@h/x?host=/sock", "nonsense:s3cret@"])
     assert not any("s3cret" in label for label in labels.values())
+
+
+def test_a_database_named_like_another_ones_label_is_refused() -> None:
+    # Two databases must never share a label: the console routes actions by it.
+    first = "postgresql://u1:s3cret@h1:5432/a"
+    second = "postgresql://u2@h1:5432/a"
+    look_alike = "postgresql://u3@h1:5432/a@h1:5432%231"  # a database named 'a@h1:5432#1'
+    with pytest.raises(ConfigurationError, match="would both be labelled 'a@h1:5432#1'") as e:
+        database_labels([first, second, look_alike])
+    assert "s3cret" not in str(e.value)
