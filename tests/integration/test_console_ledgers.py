@@ -220,71 +220,75 @@ async def test_each_database_pages_on_its_own(two: Two) -> None:
     assert NEXT.search(rest.text) is None
 
 
-async def test_a_database_that_is_down_is_named_and_the_other_answers(
-    database_url: str, second_database_url: str, amqp_url: str, pool: asyncpg.Pool
-) -> None:
+@pytest.fixture
+async def second_behind_proxy(second_database_url: str) -> AsyncIterator[tuple[Proxy, str]]:
+    """The second database behind a proxy a test can cut, and its URL through the proxy."""
     parts = urlsplit(second_database_url)
     proxy = await Proxy(parts.hostname or "127.0.0.1", parts.port or 5432).start()
-    second_url = proxy.url_for(second_database_url)
-    labels = database_labels([database_url, second_url])
-    await insert_dead(pool, "orders", "o-1", b"{}")
     try:
-        async with console_client(config_for(database_url, second_url, amqp_url)) as client:
-            await log_in(client)
-            healthy = await client.get("/healthz")
-            assert healthy.status_code == 200
-            assert healthy.json()["checks"] == {
-                f"database:{labels[database_url]}": "ok",
-                f"database:{labels[second_url]}": "ok",
-            }
-            await proxy.cut(refuse=True)
-            for path in ("/", "/messages", "/groups", "/audit"):
-                page = await client.get(path)
-                assert page.status_code == 200, (path, page.text)
-                assert f"database {labels[second_url]} is left out: cannot reach the ledger" in (
-                    page.text
-                )
-            listing = await client.get("/messages")
-            assert "o-1" in listing.text
-            gone = await client.get(
-                "/message", params={"queue": "q", "id": "k", "database": labels[second_url]}
-            )
-            assert gone.status_code == 503 and "cannot reach the ledger" in gone.text
-            assert "127.0.0.1:" + str(proxy.port) in gone.text
-            health = await client.get("/healthz")
-            assert health.status_code == 503
-            checks = health.json()["checks"]
-            assert checks[f"database:{labels[database_url]}"] == "ok"
-            assert checks[f"database:{labels[second_url]}"].startswith("the database")
-            client.cookies.clear()  # a load balancer: told which, not why
-            anonymous = await client.get("/healthz")
-            assert anonymous.status_code == 503
-            assert anonymous.json()["checks"] == {
-                f"database:{labels[database_url]}": "ok",
-                f"database:{labels[second_url]}": "unavailable",
-            }
+        yield proxy, proxy.url_for(second_database_url)
     finally:
         await proxy.close()
+
+
+async def test_a_database_that_is_down_is_named_and_the_other_answers(
+    database_url: str,
+    second_behind_proxy: tuple[Proxy, str],
+    amqp_url: str,
+    pool: asyncpg.Pool,
+) -> None:
+    proxy, second_url = second_behind_proxy
+    labels = database_labels([database_url, second_url])
+    await insert_dead(pool, "orders", "o-1", b"{}")
+    async with console_client(config_for(database_url, second_url, amqp_url)) as client:
+        await log_in(client)
+        healthy = await client.get("/healthz")
+        assert healthy.status_code == 200
+        assert healthy.json()["checks"] == {
+            f"database:{labels[database_url]}": "ok",
+            f"database:{labels[second_url]}": "ok",
+        }
+        await proxy.cut(refuse=True)
+        for path in ("/", "/messages", "/groups", "/audit"):
+            page = await client.get(path)
+            assert page.status_code == 200, (path, page.text)
+            assert f"database {labels[second_url]} is left out: cannot reach the ledger" in (
+                page.text
+            )
+        listing = await client.get("/messages")
+        assert "o-1" in listing.text
+        gone = await client.get(
+            "/message", params={"queue": "q", "id": "k", "database": labels[second_url]}
+        )
+        assert gone.status_code == 503 and "cannot reach the ledger" in gone.text
+        assert "127.0.0.1:" + str(proxy.port) in gone.text
+        health = await client.get("/healthz")
+        assert health.status_code == 503
+        checks = health.json()["checks"]
+        assert checks[f"database:{labels[database_url]}"] == "ok"
+        assert checks[f"database:{labels[second_url]}"].startswith("the database")
+        client.cookies.clear()  # a load balancer: told which, not why
+        anonymous = await client.get("/healthz")
+        assert anonymous.status_code == 503
+        assert anonymous.json()["checks"] == {
+            f"database:{labels[database_url]}": "ok",
+            f"database:{labels[second_url]}": "unavailable",
+        }
 
 
 async def test_a_logout_that_misses_a_database_fails_and_lets_nothing_back_in(
-    database_url: str, second_database_url: str, amqp_url: str, pool: asyncpg.Pool
+    database_url: str, second_behind_proxy: tuple[Proxy, str], amqp_url: str
 ) -> None:
-    parts = urlsplit(second_database_url)
-    proxy = await Proxy(parts.hostname or "127.0.0.1", parts.port or 5432).start()
-    second_url = proxy.url_for(second_database_url)
-    try:
-        async with console_client(config_for(database_url, second_url, amqp_url)) as client:
-            await log_in(client)
-            page = await client.get("/")
-            assert page.status_code == 200
-            await proxy.cut(refuse=True)
-            out = await post(client, "/logout", {"csrf": csrf_of(page.text)})
-            assert out.status_code == 503
-            assert "the logout could not be recorded everywhere" in out.text
-            assert "log out again once it answers" in out.text
-            # The first database took it: the session is refused while it answers.
-            refused = await client.get("/")
-            assert refused.status_code == 303 and refused.headers["location"].startswith("/login")
-    finally:
-        await proxy.close()
+    proxy, second_url = second_behind_proxy
+    async with console_client(config_for(database_url, second_url, amqp_url)) as client:
+        await log_in(client)
+        page = await client.get("/")
+        assert page.status_code == 200
+        await proxy.cut(refuse=True)
+        out = await post(client, "/logout", {"csrf": csrf_of(page.text)})
+        assert out.status_code == 503
+        assert "the logout could not be recorded everywhere" in out.text
+        assert "log out again once it answers" in out.text
+        # The first database took it: the session is refused while it answers.
+        refused = await client.get("/")
+        assert refused.status_code == 303 and refused.headers["location"].startswith("/login")
