@@ -56,6 +56,9 @@ SESSION_SETTINGS = {"default_transaction_isolation": "read committed"}
 # What the driver raises for any failed request, or its connection's failure.
 FAILED = (asyncpg.PostgresError, asyncpg.InterfaceError)
 
+# A lock not granted within the session's lock_timeout (a migration's patience ran out).
+LockNotAvailable = asyncpg.LockNotAvailableError
+
 # What a lost or failing database connection raises.
 UNAVAILABLE = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncio.TimeoutError)
 

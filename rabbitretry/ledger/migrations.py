@@ -18,9 +18,7 @@ import logging
 import re
 from importlib import resources
 
-import asyncpg
-
-from rabbitretry.db import Connection
+from rabbitretry.db import Connection, LockNotAvailable
 from rabbitretry.errors import ServiceUnavailable
 
 __all__ = ["applied_migrations", "migrate", "pending_migrations", "shipped"]
@@ -86,7 +84,7 @@ async def _apply_patiently(conn: Connection, version: int, name: str, sql: str) 
             try:
                 await _apply(conn, version, name, sql)
                 return
-            except asyncpg.LockNotAvailableError:
+            except LockNotAvailable:
                 if tried == LOCK_TRIES:
                     break
                 log.warning(
