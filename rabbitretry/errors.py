@@ -13,6 +13,8 @@ raised, named in parentheses (the tests check that this tree lists every subclas
     │   └── MissingMessageId          Publisher.publish() without a message_id: nothing sent
     ├── TopologyError                 the broker's queues do not match what is needed
     ├── ServiceUnavailable            RabbitMQ or Postgres cannot be reached
+    │   └── MigrationLocked           a migration could not take its locks: run it again
+    │                                 (rabbitretry.ledger.migrations)
     ├── UnpublishableError            a message AMQP cannot carry: never sent, no retry helps
     ├── OperationError                an operator's request that cannot be done: a bad rate,
     │                                 an invalid payload (rabbitretry.operations)
