@@ -236,3 +236,59 @@ async def status_is(pool: asyncpg.Pool, queue: str, key: str, status: str) -> bo
 async def either_dead_or_exited(worker: WorkerProcess, pool: asyncpg.Pool, queue: str) -> bool:
     assert worker.proc is not None
     return worker.proc.poll() is not None or await status_is(pool, queue, "k2", "dead")
+
+
+async def test_a_neighbour_ending_the_process_leaves_no_attempt_charged_without_its_run(
+    worker: WorkerProcess,
+    worker_env: dict[str, str],
+    pool: asyncpg.Pool,
+    amqp_url: str,
+    queue_name: str,
+    events: Path,
+) -> None:
+    """Handlers call os._exit while seven slots keep starting others: each attempt the ledger
+    charges to a dead worker had its handler started (a start mark and its handler's first
+    line are in one step of the event loop, so no exit falls between them)."""
+    worker_env.update(RR_MODE="exit-amid", RR_LEASE="1")
+    worker.start("--concurrency", "8")
+    await publish_when_ready(amqp_url, queue_name, pool, "warm-up")
+    killers = [f"k-{n}" for n in range(8)]
+    for n in range(1, NEIGHBOURS + 1):
+        await publish(amqp_url, queue_name, {"n": n}, message_id=f"n-{n}")
+        if n % 150 == 0 and n // 150 <= len(killers):
+            await publish(amqp_url, queue_name, {"n": 0}, message_id=killers[n // 150 - 1])
+    while worker.starts <= len(killers):  # play supervisor for the killers' exits
+        await wait_for(lambda: worker_exited(worker), timeout=60)
+        worker.start("--concurrency", "8")
+    await wait_for(lambda: all_succeeded(pool, queue_name, 1 + NEIGHBOURS + len(killers)))
+
+    ran = {tuple(line.split()[1:]) for line in event_lines(events, "start")}
+    crashed = [
+        (r["message_id"], str(r["budget_attempt"]))
+        for r in await pool.fetch(
+            "SELECT message_id, outcome, error_type, attempt - count(*) FILTER ("
+            "    WHERE outcome = 'interrupted') OVER (PARTITION BY message_id ORDER BY attempt"
+            "    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS budget_attempt"
+            " FROM rabbitretry.attempt WHERE queue = $1",
+            queue_name,
+        )
+        if r["outcome"] == "crashed"
+    ]
+    assert len(crashed) >= len(killers)  # each exit charged its own attempt, at least
+    assert [pair for pair in crashed if pair not in ran] == []
+
+
+NEIGHBOURS = 1500
+
+
+async def worker_exited(worker: WorkerProcess) -> bool:
+    assert worker.proc is not None
+    return worker.proc.poll() is not None
+
+
+async def all_succeeded(pool: asyncpg.Pool, queue: str, count: int) -> bool:
+    succeeded = await pool.fetchval(
+        "SELECT count(*) FROM rabbitretry.ledger WHERE queue = $1 AND status = 'succeeded'",
+        queue,
+    )
+    return bool(succeeded == count)
