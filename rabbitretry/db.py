@@ -15,7 +15,6 @@ from typing import Any
 
 import asyncpg
 import asyncpg.pool
-import asyncpg.prepared_stmt
 import asyncpg.transaction
 
 from rabbitretry import logs, urls
@@ -27,7 +26,6 @@ __all__ = [
     "Executor",
     "Pool",
     "PooledConnection",
-    "PreparedStatement",
     "Record",
     "Transaction",
     "create_pool",
@@ -39,7 +37,6 @@ Pool = asyncpg.Pool
 PooledConnection = asyncpg.pool.PoolConnectionProxy
 Connection = asyncpg.Connection | PooledConnection
 Transaction = asyncpg.transaction.Transaction
-PreparedStatement = asyncpg.prepared_stmt.PreparedStatement
 Record = asyncpg.Record
 
 # What a statement raises against a database whose schema rabbitretry has not migrated.

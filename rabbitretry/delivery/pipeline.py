@@ -322,10 +322,8 @@ class Pipeline:
         raise cause
 
     async def _mark_started(self, key: Key, claim: Claim) -> None:
-        """Write the handler's start mark; returns in the same step of the event loop, so the
-        handler starts before any other task runs. It runs while the mark commits (the mark's
-        outcome is seen by the attempt's final write, which finds the attempt gone if it was
-        not ours)."""
+        """Send the handler's start mark; the handler runs while it commits (its outcome is
+        seen by the attempt's final write, which finds the attempt gone if it was not ours)."""
         marked = await self.ledger.mark_started(key, claim.attempt)
         marked.add_done_callback(_retrieved)
 

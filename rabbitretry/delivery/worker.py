@@ -213,13 +213,12 @@ class Worker:
             url = database or self.database_url
             if url is None:
                 raise ConfigurationError("a Worker needs a database_url or a pool")
-            # Per in-flight attempt: one connection for its start mark, one for
-            # ctx.transaction(); and the commit groups' writers.
+            # Per in-flight attempt: one connection for the ledger, one for ctx.transaction().
             queues = sum(
                 1 + c.has_recover_hook() for c in self.consumers if c.database_url == database
             )
             slots = self.concurrency * queues
-            pool = await db.create_pool(url, min_size=1, max_size=2 * slots + 4)
+            pool = await db.create_pool(url, min_size=1, max_size=2 * slots + 2)
             stack.push_async_callback(pool.close)
             pools[database] = pool
         return pools

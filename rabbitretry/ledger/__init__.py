@@ -5,7 +5,6 @@ module runs a statement that changes them):
 
 - ``statements``: the typed calls over the named statements of one delivery's attempts;
 - ``commits``: the commit groups that write concurrent attempts together;
-- ``start_marks``: the start marks, each written in the step that starts its handler;
 - ``attempts``: the one interface through which the delivery pipeline writes;
 - ``failures``: what is recorded of a failure (type, bounded message and traceback, fingerprint);
 - ``operator``: the writes an operator's actions make (ignore, undo, payload edits, replays);
@@ -20,7 +19,7 @@ and tests that set up a state.
 """
 
 from rabbitretry.ledger.attempts import AttemptLedger
-from rabbitretry.ledger.commits import ClaimRequest
+from rabbitretry.ledger.commits import AttemptRef, ClaimRequest
 from rabbitretry.ledger.statements import (
     FINISHED,
     MISSING_ID_PREFIX,
@@ -39,6 +38,7 @@ __all__ = [
     "FINISHED",
     "MISSING_ID_PREFIX",
     "AttemptLedger",
+    "AttemptRef",
     "Claim",
     "ClaimRequest",
     "Key",

@@ -1,9 +1,8 @@
 """The one road for an attempt's ledger writes: claim, start, renew, finish, retry, interrupt,
 reject.
 
-The delivery pipeline writes the ledger only through :class:`AttemptLedger`. Claims and plain
-success marks of concurrent attempts go through the commit groups; each start mark is written
-in the step that starts its handler (:mod:`~rabbitretry.ledger.start_marks`); a success
+The delivery pipeline writes the ledger only through :class:`AttemptLedger`. Claims, start
+marks and plain success marks of concurrent attempts go through the commit groups; a success
 mark whose handler used ``ctx.transaction()`` commits inside that transaction; everything else
 is one statement.
 """
@@ -17,7 +16,7 @@ from typing import Literal, Protocol
 from rabbitretry.db import Connection, Pool, Record, answering, write_refusal
 from rabbitretry.errors import ServiceUnavailable
 from rabbitretry.ledger import repairs, statements
-from rabbitretry.ledger.commits import ClaimRequest, Success, commits_for
+from rabbitretry.ledger.commits import AttemptRef, ClaimRequest, Success, commits_for
 from rabbitretry.ledger.failures import Failure
 from rabbitretry.ledger.statements import FINISHED, Claim, Key, Snapshot
 
@@ -52,17 +51,10 @@ class AttemptLedger:
 
     async def mark_started(self, key: Key, attempt: int) -> asyncio.Future[bool]:
         """The handler of ``attempt`` is about to run: from now on the attempt counts, even
-        if the worker dies. Returns in the step of the event loop that wrote the mark, so the
-        caller can start its handler before any other task runs (see
-        :mod:`~rabbitretry.ledger.start_marks`); its commit is not waited for (the handler's
-        run overlaps it). The future of its result: False if the attempt was no longer ours.
-        Raises if the mark could not be written."""
-        marks = self._commits.starts
-        marked = marks.write(await marks.line(), key, attempt)
-        error = marked.exception() if marked.done() and not marked.cancelled() else None
-        if error is not None:
-            raise error
-        return marked
+        if the worker dies. Returns once the mark is sent (its commit is not waited for: the
+        handler's run overlaps it), with the future of its result: False if the attempt was no
+        longer ours. Raises if the mark could not be sent."""
+        return await self._commits.starts.send(AttemptRef(key, attempt))
 
     async def renew_lease(self, key: Key, attempt: int, lease_seconds: float) -> bool:
         async with answering(self.pool) as conn:

@@ -30,7 +30,6 @@ from typing import Any, Generic, TypeVar
 from rabbitretry import db
 from rabbitretry.db import Connection, DatabaseSilent, Pool, query
 from rabbitretry.ledger import statements
-from rabbitretry.ledger.start_marks import StartMarks
 from rabbitretry.ledger.statements import Claim, Key, Snapshot
 from rabbitretry.message.storable import encode_table
 
@@ -62,10 +61,29 @@ class CommitGroup(Generic[Request, Result]):
         self._writers: set[asyncio.Task[None]] = set()
         self._idle = 0  # writers waiting for work on their connection
         self._sleepers: list[asyncio.Future[None]] = []  # what wakes the idle writers
+        # Of the writes whose caller waits only until they are sent (see send): result -> sent.
+        self._sent: dict[asyncio.Future[Result], asyncio.Future[None]] = {}
 
     async def submit(self, request: Request) -> Result:
         """Write ``request`` with the next group; returns once that group has committed."""
         return await self.enqueue(request)
+
+    async def send(self, request: Request) -> asyncio.Future[Result]:
+        """Write ``request`` with the next group; returns once its statement is on its way to
+        the database (written to the connection), with the future of its result. Raises if
+        it could not be sent (no connection)."""
+        result = self.enqueue(request)
+        sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._sent[result] = sent
+        try:
+            await sent
+            failed = result.exception() if result.done() and not result.cancelled() else None
+            if failed is not None:
+                raise failed  # it failed before it was written
+        except BaseException:
+            result.add_done_callback(_read)  # the same failure, raised here: nobody reads it
+            raise
+        return result
 
     def enqueue(self, request: Request) -> asyncio.Future[Result]:
         """Queue ``request`` for the next group: the future of its result, set on commit."""
@@ -89,15 +107,17 @@ class CommitGroup(Generic[Request, Result]):
                 # One connection while writes keep coming: a pool hands each connection
                 # back with a reset query, a round trip per write otherwise.
                 async with self._pool.acquire(timeout=db.SILENT_AFTER) as conn:
+                    prepared: set[bool] = set()  # statement shapes run on conn (one, many)
                     while await self._more_soon() and not conn.is_closed():
                         group = self._waiting[: self._max_group]
                         del self._waiting[: self._max_group]
-                        await self._write(conn, group)
+                        await self._write(conn, group, prepared)
                         group = []
         except BaseException as error:
             # No connection (the database is away), or cancelled with the event loop: every
             # waiting caller gets the error rather than waiting forever.
             for _, future in group + self._waiting:
+                self._mark_sent(future, error)
                 if future.done():
                     continue
                 if isinstance(error, Exception):
@@ -135,6 +155,7 @@ class CommitGroup(Generic[Request, Result]):
         self,
         conn: Connection,
         group: list[tuple[Request, asyncio.Future[Result]]],
+        prepared: set[bool],
     ) -> None:
         requests = [request for request, _ in group]
         outcomes: list[Result | BaseException] = []
@@ -144,7 +165,12 @@ class CommitGroup(Generic[Request, Result]):
         silenced: list[bool] = []
         watch = asyncio.get_running_loop().call_later(db.SILENT_AFTER, _silence, conn, silenced)
         try:
-            outcomes = list(await self._statement(conn, requests))
+            shape = len(requests) == 1
+            if self._sent and shape in prepared:
+                outcomes = list(await self._sent_then_run(conn, group))
+            else:
+                outcomes = list(await self._statement(conn, requests))
+            prepared.add(shape)
         except Exception as error:
             if silenced:
                 silent = DatabaseSilent(f"the database gave no answer within {db.SILENT_AFTER:g} s")
@@ -157,6 +183,8 @@ class CommitGroup(Generic[Request, Result]):
         finally:
             watch.cancel()
         for (_, future), outcome in zip(group, outcomes, strict=True):
+            # A write whose callers were not yet told it was sent failed before it committed.
+            self._mark_sent(future, outcome if isinstance(outcome, BaseException) else None)
             if future.done():  # its caller was cancelled (a shutdown)
                 continue
             if isinstance(outcome, BaseException):
@@ -164,15 +192,49 @@ class CommitGroup(Generic[Request, Result]):
             else:
                 future.set_result(outcome)
 
+    async def _sent_then_run(
+        self, conn: Connection, group: list[tuple[Request, asyncio.Future[Result]]]
+    ) -> list[Result]:
+        """The group's statement, its callers told it is on its way (see :meth:`send`).
+
+        They are told before the await, but resume only on a later turn of the loop, once
+        this task waits: by then the statement is written, since awaiting it runs its first
+        step at once and asyncpg sends a statement it has prepared on this connection before
+        it first waits. A statement that fails in that step fails before they resume, and
+        :meth:`send` raises its error. (One not yet prepared waits for the server's
+        description first: for that one, "sent" waits for the result.)
+        """
+        for _, future in group:
+            self._mark_sent(future)
+        return await self._statement(conn, [r for r, _ in group])
+
     async def _statement(self, conn: Connection, requests: list[Request]) -> list[Result]:
         if len(requests) == 1:
             return [await self._run_one(conn, requests[0])]
         return list(await self._run_group(conn, requests))
 
+    def _mark_sent(
+        self, result: asyncio.Future[Result], error: BaseException | None = None
+    ) -> None:
+        sent = self._sent.pop(result, None)
+        if sent is None or sent.done():
+            return
+        if isinstance(error, Exception):
+            sent.set_exception(error)
+        elif error is not None:
+            sent.cancel()
+        else:
+            sent.set_result(None)
+
 
 def _silence(conn: Connection, silenced: list[bool]) -> None:
     silenced.append(True)
     conn.terminate()
+
+
+def _read(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _wake(sleeper: asyncio.Future[None]) -> None:
@@ -198,6 +260,14 @@ class ClaimRequest:
 
 
 @dataclass(frozen=True)
+class AttemptRef:
+    """One attempt of a key: what a success mark or a start mark names."""
+
+    key: Key
+    attempt: int
+
+
+@dataclass(frozen=True)
 class Success:
     """A success mark: the attempt, and whether its message keeps its snapshot."""
 
@@ -207,13 +277,15 @@ class Success:
 
 
 class LedgerCommits:
-    """The commit groups of one ledger pool (claims, and success marks without effects), and
-    its start marks (not grouped: see :mod:`rabbitretry.ledger.start_marks`)."""
+    """The commit groups of one ledger pool: claims, start marks, and success marks without
+    effects."""
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
         self.claims: CommitGroup[ClaimRequest, Claim] = CommitGroup(pool, _claim_group, _claim_one)
-        self.starts = StartMarks(pool)
+        self.starts: CommitGroup[AttemptRef, bool] = CommitGroup(
+            pool, _marks_group("batching_started_many"), _start_one
+        )
         self.successes: CommitGroup[Success, bool] = CommitGroup(
             pool, _successes_group, _success_one
         )
@@ -258,6 +330,10 @@ async def _claim_group(conn: Connection, requests: Sequence[ClaimRequest]) -> li
     return [c for c in claims if c is not None]
 
 
+async def _start_one(conn: Connection, r: AttemptRef) -> bool:
+    return await statements.mark_started(conn, r.key, r.attempt)
+
+
 async def _success_one(conn: Connection, r: Success) -> bool:
     return await statements.finish(
         conn, r.key, r.attempt, "succeeded", keep_snapshot=r.keep_snapshot
@@ -276,7 +352,26 @@ async def _successes_group(conn: Connection, requests: Sequence[Success]) -> lis
     return _marked(rows, requests)
 
 
-def _marked(rows: Sequence[Any], requests: Sequence[Success]) -> list[bool]:
+def _marks_group(
+    statement: str,
+) -> Callable[[Connection, Sequence[AttemptRef]], Awaitable[list[bool]]]:
+    """A group of marks of attempts by ``statement``, which returns the attempts it marked
+    (one missing was no longer current)."""
+
+    async def run(conn: Connection, requests: Sequence[AttemptRef]) -> list[bool]:
+        rs = sorted(requests, key=lambda r: _key_order(r.key))
+        rows = await conn.fetch(
+            query(statement),
+            [r.key.queue for r in rs],
+            [r.key.message_id for r in rs],
+            [r.attempt for r in rs],
+        )
+        return _marked(rows, requests)
+
+    return run
+
+
+def _marked(rows: Sequence[Any], requests: Sequence[AttemptRef | Success]) -> list[bool]:
     """Whether each request's attempt is among the ``rows`` a group statement marked."""
     marked = {(row["queue"], row["message_id"], row["attempt"]) for row in rows}
     return [(r.key.queue, r.key.message_id, r.attempt) in marked for r in requests]

@@ -63,3 +63,18 @@ SET finished_at = now(), outcome = 'succeeded',
 FROM finished f
 WHERE a.queue = f.queue AND a.message_id = f.message_id AND a.attempt = f.attempts
 RETURNING a.queue, a.message_id, a.attempt;
+
+-- name: batching_started_many
+-- The start marks of many attempts (as `mark_started`), in one commit that does not wait for
+-- its flush. Returns the attempts still open; one missing is no longer ours.
+WITH started AS (
+    UPDATE rabbitretry.attempt a
+    SET handler_started_at = clock_timestamp()
+    FROM unnest($1::text[], $2::text[], $3::int[]) AS i(queue, message_id, attempt)
+    WHERE a.queue = i.queue AND a.message_id = i.message_id AND a.attempt = i.attempt
+      AND a.outcome IS NULL
+    RETURNING a.queue, a.message_id, a.attempt
+)
+SELECT queue, message_id, attempt,
+       (SELECT set_config('synchronous_commit', 'off', true)) AS commit_mode
+FROM started;

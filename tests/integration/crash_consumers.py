@@ -26,8 +26,6 @@ class Crashy(Consumer[Job]):
     hang-first   attempt 1 hangs (the test kills the worker), later attempts succeed
     exit-always  every attempt kills its own process with os._exit
     slow         every attempt takes RR_SLEEP seconds, then succeeds
-    exit-amid    job 0's first attempt kills its process (os._exit) in its handler's first
-                 step, amid its neighbours' start marks; every other attempt succeeds
     """
 
     queue = os.environ.get("RR_TEST_QUEUE", "rr-test-crashy")
@@ -41,8 +39,6 @@ class Crashy(Consumer[Job]):
             os._exit(17)
         if mode == "hang-first" and ctx.attempt == 1:
             await asyncio.Event().wait()
-        if mode == "exit-amid" and msg.n == 0 and ctx.attempt == 1:
-            os._exit(17)
         if mode == "slow":
             await asyncio.sleep(float(os.environ["RR_SLEEP"]))
         _log("done", ctx)
