@@ -1,5 +1,5 @@
 -- The ledger database of rabbitretry, whole: every table, index, constraint, function and
--- trigger of the schema `rabbitretry` as the migrations 0001 to 0015 leave it, in one file to
+-- trigger of the schema `rabbitretry` as the migrations 0001 to 0016 leave it, in one file to
 -- read (what is stored, and why) and to build an empty database from in one step:
 --
 --     psql --single-transaction -f rabbitretry/sql/schema.sql "$RABBITRETRY_DATABASE_URL"
@@ -114,13 +114,17 @@ CREATE TABLE rabbitretry.attempt (
 -- its handler had started (the worker died or stalled inside it: it counts, so that a message
 -- that kills its worker ends dead), 'not-started' when it had not (the worker died, or lost
 -- the claim's reply, first: logged interrupted, NotStarted; the caller forgives it), NULL when
--- the attempt was not open. Only the attempt log is written.
+-- the attempt was not open. A key's first four attempts found not started are forgiven; from
+-- the fifth on each counts (crashed), so that a message that kills its worker before the
+-- handler starts (in its validation, say) ends dead too. Only the attempt log is written.
 CREATE FUNCTION rabbitretry.close_lapsed_attempt(
     p_queue text, p_message_id text, p_attempt integer
 ) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
     started timestamptz;
+    not_started integer;  -- earlier attempts of the key found not started
+    forgiven_at_most constant integer := 4;  -- the fifth counts (the text below says so)
 BEGIN
     SELECT a.handler_started_at INTO started FROM rabbitretry.attempt a
     WHERE a.queue = p_queue AND a.message_id = p_message_id AND a.attempt = p_attempt
@@ -130,12 +134,25 @@ BEGIN
         RETURN NULL;
     END IF;
     IF started IS NULL THEN
+        SELECT count(*) INTO not_started FROM rabbitretry.attempt a
+        WHERE a.queue = p_queue AND a.message_id = p_message_id
+          AND a.error_type = 'NotStarted';
+        IF not_started < forgiven_at_most THEN
+            UPDATE rabbitretry.attempt a
+            SET finished_at = now(), outcome = 'interrupted', error_type = 'NotStarted',
+                error_message = 'the handler never started (its worker died, or lost the '
+                                'claim''s reply, first); it is not counted'
+            WHERE a.queue = p_queue AND a.message_id = p_message_id AND a.attempt = p_attempt;
+            RETURN 'not-started';
+        END IF;
         UPDATE rabbitretry.attempt a
-        SET finished_at = now(), outcome = 'interrupted', error_type = 'NotStarted',
-            error_message = 'the handler never started (its worker died, or lost the claim''s '
-                            'reply, first); it is not counted'
+        SET finished_at = now(), outcome = 'crashed', error_type = 'WorkerLost',
+            error_message = format('the worker died before its handler started, %s times '
+                                   'now (in the payload''s validation, say); from the '
+                                   'fifth on, each time counts, so that the loop ends',
+                                   not_started + 1)
         WHERE a.queue = p_queue AND a.message_id = p_message_id AND a.attempt = p_attempt;
-        RETURN 'not-started';
+        RETURN 'crashed';
     END IF;
     UPDATE rabbitretry.attempt a
     SET finished_at = now(), outcome = 'crashed', error_type = 'WorkerLost',
@@ -724,7 +741,7 @@ CREATE TRIGGER ledger_recover_on_dead
 -- Migrations ---------------------------------------------------------------------------------
 
 -- The migrations applied (rabbitretry.db.migrate writes a row per migration); these rows say
--- that this schema stands for migrations 0001 to 0015.
+-- that this schema stands for migrations 0001 to 0016.
 CREATE TABLE rabbitretry.schema_migration (
     version     integer     PRIMARY KEY,
     name        text        NOT NULL,
@@ -745,4 +762,5 @@ INSERT INTO rabbitretry.schema_migration (version, name) VALUES
     (12, 'recover_hooks'),
     (13, 'hot_attempts'),
     (14, 'snapshot_until_success'),
-    (15, 'online_indexes');
+    (15, 'online_indexes'),
+    (16, 'unstarted_deaths');

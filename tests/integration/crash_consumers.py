@@ -6,13 +6,20 @@ import asyncio
 import os
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 
 from rabbitretry import Consumer, Context, RetryPolicy
 
 
 class Job(BaseModel):
     n: int
+
+    @field_validator("n")
+    @classmethod
+    def _validating(cls, n: int) -> int:
+        if os.environ.get("RR_MODE") == "exit-validating":
+            os._exit(17)  # the worker dies before the handler could start, every time
+        return n
 
 
 def _log(event: str, ctx: Context) -> None:
@@ -26,6 +33,7 @@ class Crashy(Consumer[Job]):
     hang-first   attempt 1 hangs (the test kills the worker), later attempts succeed
     exit-always  every attempt kills its own process with os._exit
     slow         every attempt takes RR_SLEEP seconds, then succeeds
+    exit-validating  the payload's validation kills the process: the handler never starts
     """
 
     queue = os.environ.get("RR_TEST_QUEUE", "rr-test-crashy")

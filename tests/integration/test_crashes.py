@@ -146,7 +146,7 @@ async def test_handler_that_always_exits_dies_after_max_attempts(
     # Play supervisor: restart the worker each time the handler takes it down, a bounded
     # number of times. The ledger must end the loop on its own.
     for _ in range(8):
-        await wait_for(lambda: either_dead_or_exited(worker, pool, queue_name), timeout=30)
+        await wait_for(lambda: either_dead_or_exited(worker, pool, queue_name, "k2"), timeout=30)
         if await status_is(pool, queue_name, "k2", "dead"):
             break
         worker.start()
@@ -159,6 +159,49 @@ async def test_handler_that_always_exits_dies_after_max_attempts(
     assert (row["attempts"], row["reason"]) == (3, "crashed")
     assert [r["outcome"] for r in await attempts(pool, queue_name, "k2")] == ["crashed"] * 3
     assert len(event_lines(events, "start")) == 3  # the handler never ran a fourth time
+
+
+async def test_a_message_that_kills_its_worker_before_the_handler_starts_ends_dead(
+    worker: WorkerProcess,
+    worker_env: dict[str, str],
+    pool: asyncpg.Pool,
+    amqp_url: str,
+    queue_name: str,
+    events: Path,
+) -> None:
+    """Deaths before the start mark are forgiven (the handler never ran), but only up to a
+    bound: a message whose validation kills every worker would loop for ever otherwise."""
+    worker_env.update(RR_MODE="exit-validating", RR_LEASE="1")
+    worker.start()
+    await publish_when_ready(amqp_url, queue_name, pool, "k5")
+    for _ in range(12):
+        await wait_for(lambda: either_dead_or_exited(worker, pool, queue_name, "k5"), timeout=30)
+        if await status_is(pool, queue_name, "k5", "dead"):
+            break
+        worker.start()
+    await wait_status(pool, queue_name, "k5", "dead", timeout=5)
+    row = await pool.fetchrow(
+        "SELECT reason, attempts - attempts_forgiven AS charged FROM rabbitretry.ledger"
+        " WHERE queue = $1 AND message_id = 'k5'",
+        queue_name,
+    )
+    assert row is not None and tuple(row) == ("crashed", 3)
+    log = await pool.fetch(
+        "SELECT outcome, error_type, error_message FROM rabbitretry.attempt"
+        " WHERE queue = $1 AND message_id = 'k5' ORDER BY attempt",
+        queue_name,
+    )
+    forgiven = [r for r in log if r["error_type"] == "NotStarted"]
+    charged = [r for r in log if r["error_type"] != "NotStarted"]
+    assert len(forgiven) == UNSTARTED_DEATHS_FORGIVEN
+    assert [r["outcome"] for r in charged] == ["crashed"] * 3
+    assert "before its handler started" in charged[0]["error_message"]
+    assert event_lines(events, "start") == []  # the handler never ran
+    # Seven deaths; the eighth worker's claim finds the budget spent and the message dead.
+    assert worker.starts == UNSTARTED_DEATHS_FORGIVEN + 3 + 1
+
+
+UNSTARTED_DEATHS_FORGIVEN = 4
 
 
 async def test_sigterm_lets_the_attempt_finish(
@@ -233,6 +276,8 @@ async def status_is(pool: asyncpg.Pool, queue: str, key: str, status: str) -> bo
     return bool(value == status)
 
 
-async def either_dead_or_exited(worker: WorkerProcess, pool: asyncpg.Pool, queue: str) -> bool:
+async def either_dead_or_exited(
+    worker: WorkerProcess, pool: asyncpg.Pool, queue: str, key: str
+) -> bool:
     assert worker.proc is not None
-    return worker.proc.poll() is not None or await status_is(pool, queue, "k2", "dead")
+    return worker.proc.poll() is not None or await status_is(pool, queue, key, "dead")
