@@ -143,14 +143,7 @@ async def test_handler_that_always_exits_dies_after_max_attempts(
     worker_env["RR_MODE"] = "exit-always"
     worker.start()
     await publish_when_ready(amqp_url, queue_name, pool, "k2")
-    # Play supervisor: restart the worker each time the handler takes it down, a bounded
-    # number of times. The ledger must end the loop on its own.
-    for _ in range(8):
-        await wait_for(lambda: either_dead_or_exited(worker, pool, queue_name, "k2"), timeout=30)
-        if await status_is(pool, queue_name, "k2", "dead"):
-            break
-        worker.start()
-    await wait_status(pool, queue_name, "k2", "dead", timeout=5)
+    await restart_until_dead(worker, pool, queue_name, "k2", restarts=8)
     row = await pool.fetchrow(
         "SELECT attempts, reason FROM rabbitretry.ledger WHERE queue = $1 AND message_id = 'k2'",
         queue_name,
@@ -174,12 +167,7 @@ async def test_a_message_that_kills_its_worker_before_the_handler_starts_ends_de
     worker_env.update(RR_MODE="exit-validating", RR_LEASE="1")
     worker.start()
     await publish_when_ready(amqp_url, queue_name, pool, "k5")
-    for _ in range(12):
-        await wait_for(lambda: either_dead_or_exited(worker, pool, queue_name, "k5"), timeout=30)
-        if await status_is(pool, queue_name, "k5", "dead"):
-            break
-        worker.start()
-    await wait_status(pool, queue_name, "k5", "dead", timeout=5)
+    await restart_until_dead(worker, pool, queue_name, "k5", restarts=12)
     row = await pool.fetchrow(
         "SELECT reason, attempts - attempts_forgiven AS charged FROM rabbitretry.ledger"
         " WHERE queue = $1 AND message_id = 'k5'",
@@ -274,6 +262,19 @@ async def status_is(pool: asyncpg.Pool, queue: str, key: str, status: str) -> bo
         "SELECT status FROM rabbitretry.ledger WHERE queue = $1 AND message_id = $2", queue, key
     )
     return bool(value == status)
+
+
+async def restart_until_dead(
+    worker: WorkerProcess, pool: asyncpg.Pool, queue: str, key: str, restarts: int
+) -> None:
+    """Play supervisor: restart the worker each time ``key`` takes it down, at most
+    ``restarts`` times. The ledger must end the loop on its own: ``key`` ends dead."""
+    for _ in range(restarts):
+        await wait_for(lambda: either_dead_or_exited(worker, pool, queue, key), timeout=30)
+        if await status_is(pool, queue, key, "dead"):
+            break
+        worker.start()
+    await wait_status(pool, queue, key, "dead", timeout=5)
 
 
 async def either_dead_or_exited(
