@@ -12,7 +12,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, TypeVar
@@ -48,15 +48,6 @@ class AttemptResult:
     handler_seconds: float | None = None
 
 
-class NotStarted(Exception):
-    """The handler was not started: the hook that runs just before it (the start mark) raised
-    ``cause``. Not a failure of the attempt."""
-
-    def __init__(self, cause: Exception) -> None:
-        super().__init__(f"the handler was not started: {cause!r}")
-        self.cause = cause
-
-
 def oversize(consumer_type: type[Consumer[Any]], body: bytes) -> str | None:
     """Why ``body`` is refused unread for its size; None when it is within the limit."""
     limit = consumer_type.max_body_bytes
@@ -74,12 +65,11 @@ async def run_attempt(
     now: datetime,
     new_transaction: Callable[[], HandlerTransaction],
     rng: random.Random | None = None,
-    before_handler: Callable[[], Awaitable[object]] | None = None,
+    on_start: Callable[[], object] | None = None,
 ) -> AttemptResult:
     """Take one claimed attempt from the body to a decision (``ctx.attempt`` is its number).
 
-    ``before_handler`` runs once the handler is about to start (the worker's start mark): if
-    it raises, :class:`NotStarted` is raised and the handler does not run.
+    ``on_start`` is called right before the handler (it arms the worker's start mark).
     """
     consumer_type = type(consumer)
     started: float | None = None
@@ -92,11 +82,12 @@ async def run_attempt(
         skip = await validity.skip_reason(consumer, payload, ctx, born, now)
         if skip is not None:
             return AttemptResult("skipped", skip)
-        await _may_start(before_handler)
+        if on_start is not None:
+            on_start()
         started = time.monotonic()
         transaction = await run_handler(consumer, payload, ctx, new_transaction)
-    except (asyncio.CancelledError, NotStarted):
-        raise  # a shutdown, or no start: the caller gives the attempt back
+    except asyncio.CancelledError:
+        raise  # a shutdown: the caller gives the attempt back
     except BaseException as error:
         # Anything else is a bug: in a validator (pydantic passes a KeyError through), in
         # should_skip, in the handler (even a BaseException), in the payload type itself.
@@ -105,15 +96,6 @@ async def run_attempt(
     return AttemptResult(
         "succeeded", transaction=transaction, handler_seconds=time.monotonic() - started
     )
-
-
-async def _may_start(before_handler: Callable[[], Awaitable[object]] | None) -> None:
-    if before_handler is None:
-        return
-    try:
-        await before_handler()
-    except Exception as error:
-        raise NotStarted(error) from error
 
 
 def _failed(

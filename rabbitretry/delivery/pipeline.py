@@ -37,7 +37,7 @@ from rabbitretry import db, tracing
 from rabbitretry.amqp import ConfirmingPublisher, IncomingMessage
 from rabbitretry.consumer import Consumer, Context
 from rabbitretry.db import Pool
-from rabbitretry.delivery.attempt import NotStarted, oversize, run_attempt
+from rabbitretry.delivery.attempt import oversize, run_attempt
 from rabbitretry.delivery.breakers import Breakers
 from rabbitretry.delivery.copies import Copies, snapshot_of
 from rabbitretry.delivery.lease import lease_kept
@@ -65,6 +65,12 @@ SHUTDOWN_CLAIM_WAIT = 5.0  # seconds a shutdown waits for a claim in flight, to 
 # A call waits for its turn under a rate limit at most this share of the attempt's timeout,
 # so that the wait cannot make the attempt time out (which would charge it).
 MAX_WAIT_SHARE = 0.5
+# An attempt whose worker dies counts only if it was marked started, and the mark is written
+# once its handler has run this many seconds: after the handler's first step, so no death can
+# leave an attempt charged whose handler never ran, and never for a handler that ends sooner
+# (its final write says how it ended), so most attempts cost no statement for it. A death
+# within this window is forgiven, at most four times for one message (close_lapsed_attempt).
+MARK_AFTER = 0.1
 
 
 NO_ID = (
@@ -264,14 +270,12 @@ class Pipeline:
             return await self._exhausted(key, claim, snapshot)
         try:
             return await self._attempt(message, key, claim, snapshot, probe)
-        except NotStarted as not_started:
-            return await self._not_started(message, key, not_started.cause)
         except Exception as error:
             if not db.is_outage(error):
                 # A bug of ours after the claim: the attempt counts (as if its handler had
                 # started), so that a message that always meets it ends dead, not in a loop.
                 with contextlib.suppress(Exception):
-                    await (await self.ledger.mark_started(key, claim.attempt))
+                    await self.ledger.mark_started(key, claim.attempt)
             raise
         except asyncio.CancelledError:
             # A shutdown, at any step of the attempt: it does not count.
@@ -315,23 +319,11 @@ class Pipeline:
                     await self.ledger.interrupt(request.key, claim.attempt)
             raise
 
-    async def _not_started(self, message: IncomingMessage, key: Key, cause: Exception) -> Outcome:
-        """The start mark could not be sent, so the handler did not run: nothing is charged."""
-        if db.is_outage(cause):
-            return await self._given_back(message, key, cause)
-        raise cause
-
-    async def _mark_started(self, key: Key, claim: Claim) -> None:
-        """Send the handler's start mark; the handler runs while it commits (its outcome is
-        seen by the attempt's final write, which finds the attempt gone if it was not ours)."""
-        marked = await self.ledger.mark_started(key, claim.attempt)
-        marked.add_done_callback(_retrieved)
-
     async def _given_back(self, message: IncomingMessage, key: Key, error: Exception) -> Outcome:
-        """The ledger went away with a claim or a start mark on its way: the write may have
-        committed with its reply lost. Once the ledger answers the claim is given back, so that
-        the outage charges no attempt (an attempt without its start mark is never charged, even
-        if this worker never gets to give it back)."""
+        """The ledger went away with a claim on its way: the write may have committed with its
+        reply lost. Once the ledger answers the claim is given back, so that the outage charges
+        no attempt (an attempt without its start mark is not charged, even if this worker
+        never gets to give it back)."""
         self.ledger_gate.report(error)
         if not await self.ledger_gate.passable():
             return Outcome(key, "requeued")
@@ -360,16 +352,20 @@ class Pipeline:
         )
         born = await self._born(message, key)
         lease = type(self.consumer).lease
+        mark = self.ledger.start_mark(key, claim.attempt, MARK_AFTER)
         async with lease_kept(self.ledger, key, claim.attempt, lease, self._fields):
-            result = await run_attempt(
-                self.consumer,
-                message.body,
-                ctx,
-                born=born,
-                now=datetime.now(UTC),
-                new_transaction=lambda: AttemptTransaction(self.pool),
-                before_handler=lambda: self._mark_started(key, claim),
-            )
+            try:
+                result = await run_attempt(
+                    self.consumer,
+                    message.body,
+                    ctx,
+                    born=born,
+                    now=datetime.now(UTC),
+                    new_transaction=lambda: AttemptTransaction(self.pool),
+                    on_start=mark.arm,
+                )
+            finally:
+                mark.cancel()
         tracing.record_attempt(ctx.attempt, ctx.max_attempts, result)
         outcome = await self.verdicts.record(key, claim, snapshot, result, self.breakers, probe)
         return replace(outcome, handler_seconds=result.handler_seconds)
@@ -380,10 +376,3 @@ class Pipeline:
             return message.timestamp
         row = await self.ledger.get(key)
         return row["first_seen"] if row else None
-
-
-def _retrieved(marked: asyncio.Future[bool]) -> None:
-    """A start mark's outcome, read so that a failed one is not reported as never retrieved:
-    its attempt's final write meets the same outage, or finds the attempt gone."""
-    if not marked.cancelled() and marked.exception() is not None:
-        log.debug("a start mark failed: %r", marked.exception())

@@ -16,7 +16,13 @@ from typing import Literal, Protocol
 from rabbitretry.db import Connection, Pool, Record, answering, write_refusal
 from rabbitretry.errors import ServiceUnavailable
 from rabbitretry.ledger import repairs, statements
-from rabbitretry.ledger.commits import AttemptRef, ClaimRequest, Success, commits_for
+from rabbitretry.ledger.commits import (
+    AttemptRef,
+    ClaimRequest,
+    CommitGroup,
+    Success,
+    commits_for,
+)
 from rabbitretry.ledger.failures import Failure
 from rabbitretry.ledger.statements import FINISHED, Claim, Key, Snapshot
 
@@ -49,12 +55,15 @@ class AttemptLedger:
         does not cancel (the claim may still commit, and must then be given back)."""
         return self._commits.claims.enqueue(request)
 
-    async def mark_started(self, key: Key, attempt: int) -> asyncio.Future[bool]:
-        """The handler of ``attempt`` is about to run: from now on the attempt counts, even
-        if the worker dies. Returns once the mark is sent (its commit is not waited for: the
-        handler's run overlaps it), with the future of its result: False if the attempt was no
-        longer ours. Raises if the mark could not be sent."""
-        return await self._commits.starts.send(AttemptRef(key, attempt))
+    async def mark_started(self, key: Key, attempt: int) -> bool:
+        """From now on ``attempt`` counts, even if its worker dies; False if it was no longer
+        ours. (The pipeline marks a running handler with :meth:`start_mark`.)"""
+        return await self._commits.starts.submit(AttemptRef(key, attempt))
+
+    def start_mark(self, key: Key, attempt: int, after: float) -> StartMark:
+        """The start mark of ``attempt``, to arm right before its handler: written once the
+        handler has run ``after`` seconds, never if it is cancelled first."""
+        return StartMark(self._commits.starts, AttemptRef(key, attempt), after)
 
     async def renew_lease(self, key: Key, attempt: int, lease_seconds: float) -> bool:
         async with answering(self.pool) as conn:
@@ -172,3 +181,37 @@ class AttemptLedger:
             refusal = await write_refusal(conn)
         if refusal is not None:
             raise ServiceUnavailable(f"the ledger refuses writes: {refusal}")
+
+
+class StartMark:
+    """One attempt's start mark, written by a timer once its handler has run a while.
+
+    The timer is armed in the step that calls the handler, so the handler's first step always
+    runs before the mark can be written, and a mark never names an attempt whose handler did
+    not start. The write joins the start marks' commit group; nobody waits for it (a failed
+    mark leaves the attempt unmarked, so a death in it is forgiven: an outage charges
+    nothing)."""
+
+    def __init__(
+        self, marks: CommitGroup[AttemptRef, bool], attempt: AttemptRef, after: float
+    ) -> None:
+        self._marks = marks
+        self._attempt = attempt
+        self._after = after
+        self._timer: asyncio.TimerHandle | None = None
+
+    def arm(self) -> None:
+        self._timer = asyncio.get_running_loop().call_later(self._after, self._write)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _write(self) -> None:
+        self._marks.enqueue(self._attempt).add_done_callback(_read)
+
+
+def _read(marked: asyncio.Future[bool]) -> None:
+    """A mark's result, read so that a failed one is not reported as never retrieved."""
+    if not marked.cancelled():
+        marked.exception()

@@ -61,29 +61,10 @@ class CommitGroup(Generic[Request, Result]):
         self._writers: set[asyncio.Task[None]] = set()
         self._idle = 0  # writers waiting for work on their connection
         self._sleepers: list[asyncio.Future[None]] = []  # what wakes the idle writers
-        # Of the writes whose caller waits only until they are sent (see send): result -> sent.
-        self._sent: dict[asyncio.Future[Result], asyncio.Future[None]] = {}
 
     async def submit(self, request: Request) -> Result:
         """Write ``request`` with the next group; returns once that group has committed."""
         return await self.enqueue(request)
-
-    async def send(self, request: Request) -> asyncio.Future[Result]:
-        """Write ``request`` with the next group; returns once its statement is on its way to
-        the database (written to the connection), with the future of its result. Raises if
-        it could not be sent (no connection)."""
-        result = self.enqueue(request)
-        sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._sent[result] = sent
-        try:
-            await sent
-            failed = result.exception() if result.done() and not result.cancelled() else None
-            if failed is not None:
-                raise failed  # it failed before it was written
-        except BaseException:
-            result.add_done_callback(_read)  # the same failure, raised here: nobody reads it
-            raise
-        return result
 
     def enqueue(self, request: Request) -> asyncio.Future[Result]:
         """Queue ``request`` for the next group: the future of its result, set on commit."""
@@ -107,17 +88,15 @@ class CommitGroup(Generic[Request, Result]):
                 # One connection while writes keep coming: a pool hands each connection
                 # back with a reset query, a round trip per write otherwise.
                 async with self._pool.acquire(timeout=db.SILENT_AFTER) as conn:
-                    prepared: set[bool] = set()  # statement shapes run on conn (one, many)
                     while await self._more_soon() and not conn.is_closed():
                         group = self._waiting[: self._max_group]
                         del self._waiting[: self._max_group]
-                        await self._write(conn, group, prepared)
+                        await self._write(conn, group)
                         group = []
         except BaseException as error:
             # No connection (the database is away), or cancelled with the event loop: every
             # waiting caller gets the error rather than waiting forever.
             for _, future in group + self._waiting:
-                self._mark_sent(future, error)
                 if future.done():
                     continue
                 if isinstance(error, Exception):
@@ -152,10 +131,7 @@ class CommitGroup(Generic[Request, Result]):
         return True
 
     async def _write(
-        self,
-        conn: Connection,
-        group: list[tuple[Request, asyncio.Future[Result]]],
-        prepared: set[bool],
+        self, conn: Connection, group: list[tuple[Request, asyncio.Future[Result]]]
     ) -> None:
         requests = [request for request, _ in group]
         outcomes: list[Result | BaseException] = []
@@ -165,12 +141,7 @@ class CommitGroup(Generic[Request, Result]):
         silenced: list[bool] = []
         watch = asyncio.get_running_loop().call_later(db.SILENT_AFTER, _silence, conn, silenced)
         try:
-            shape = len(requests) == 1
-            if self._sent and shape in prepared:
-                outcomes = list(await self._sent_then_run(conn, group))
-            else:
-                outcomes = list(await self._statement(conn, requests))
-            prepared.add(shape)
+            outcomes = list(await self._statement(conn, requests))
         except Exception as error:
             if silenced:
                 silent = DatabaseSilent(f"the database gave no answer within {db.SILENT_AFTER:g} s")
@@ -183,8 +154,6 @@ class CommitGroup(Generic[Request, Result]):
         finally:
             watch.cancel()
         for (_, future), outcome in zip(group, outcomes, strict=True):
-            # A write whose callers were not yet told it was sent failed before it committed.
-            self._mark_sent(future, outcome if isinstance(outcome, BaseException) else None)
             if future.done():  # its caller was cancelled (a shutdown)
                 continue
             if isinstance(outcome, BaseException):
@@ -192,49 +161,15 @@ class CommitGroup(Generic[Request, Result]):
             else:
                 future.set_result(outcome)
 
-    async def _sent_then_run(
-        self, conn: Connection, group: list[tuple[Request, asyncio.Future[Result]]]
-    ) -> list[Result]:
-        """The group's statement, its callers told it is on its way (see :meth:`send`).
-
-        They are told before the await, but resume only on a later turn of the loop, once
-        this task waits: by then the statement is written, since awaiting it runs its first
-        step at once and asyncpg sends a statement it has prepared on this connection before
-        it first waits. A statement that fails in that step fails before they resume, and
-        :meth:`send` raises its error. (One not yet prepared waits for the server's
-        description first: for that one, "sent" waits for the result.)
-        """
-        for _, future in group:
-            self._mark_sent(future)
-        return await self._statement(conn, [r for r, _ in group])
-
     async def _statement(self, conn: Connection, requests: list[Request]) -> list[Result]:
         if len(requests) == 1:
             return [await self._run_one(conn, requests[0])]
         return list(await self._run_group(conn, requests))
 
-    def _mark_sent(
-        self, result: asyncio.Future[Result], error: BaseException | None = None
-    ) -> None:
-        sent = self._sent.pop(result, None)
-        if sent is None or sent.done():
-            return
-        if isinstance(error, Exception):
-            sent.set_exception(error)
-        elif error is not None:
-            sent.cancel()
-        else:
-            sent.set_result(None)
-
 
 def _silence(conn: Connection, silenced: list[bool]) -> None:
     silenced.append(True)
     conn.terminate()
-
-
-def _read(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 def _wake(sleeper: asyncio.Future[None]) -> None:

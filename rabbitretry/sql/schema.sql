@@ -1,5 +1,5 @@
 -- The ledger database of rabbitretry, whole: every table, index, constraint, function and
--- trigger of the schema `rabbitretry` as the migrations 0001 to 0016 leave it, in one file to
+-- trigger of the schema `rabbitretry` as the migrations 0001 to 0017 leave it, in one file to
 -- read (what is stored, and why) and to build an empty database from in one step:
 --
 --     psql --single-transaction -f rabbitretry/sql/schema.sql "$RABBITRETRY_DATABASE_URL"
@@ -100,8 +100,8 @@ CREATE TABLE rabbitretry.attempt (
     error_traceback text,
     retry_at        timestamptz,  -- when the next attempt was scheduled for (outcome retry)
     worker          text        NOT NULL,
-    -- Set just before the handler runs: a lapsed attempt without it never ran, and is not
-    -- counted (the claim function).
+    -- Set once the handler has run a moment (0.1 s; never for one that ends sooner): a lapsed
+    -- attempt without it is not counted, four times at most (close_lapsed_attempt).
     handler_started_at timestamptz,
     -- The downstream whose unavailability failed the attempt (DownstreamUnavailable).
     downstream      text,
@@ -111,12 +111,13 @@ CREATE TABLE rabbitretry.attempt (
 ) WITH (fillfactor = 80);
 
 -- Close the open attempt `p_attempt` of a key whose lease ran out: 'crashed' (WorkerLost) when
--- its handler had started (the worker died or stalled inside it: it counts, so that a message
--- that kills its worker ends dead), 'not-started' when it had not (the worker died, or lost
--- the claim's reply, first: logged interrupted, NotStarted; the caller forgives it), NULL when
--- the attempt was not open. A key's first four attempts found not started are forgiven; from
--- the fifth on each counts (crashed), so that a message that kills its worker before the
--- handler starts (in its validation, say) ends dead too. Only the attempt log is written.
+-- it was marked started (its handler had run a moment, 0.1 s, when the worker died or
+-- stalled: it counts, so that a message that kills its worker ends dead), 'not-started' when
+-- it was not (the worker died, or lost the claim's reply, before that: logged interrupted,
+-- NotStarted; the caller forgives it), NULL when the attempt was not open. A key's first
+-- four attempts found not started are forgiven; from the fifth on each counts (crashed), so
+-- that a message that kills its worker before the mark (in its validation, or in its
+-- handler's first moment) ends dead too. Only the attempt log is written.
 CREATE FUNCTION rabbitretry.close_lapsed_attempt(
     p_queue text, p_message_id text, p_attempt integer
 ) RETURNS text
@@ -140,15 +141,17 @@ BEGIN
         IF not_started < forgiven_at_most THEN
             UPDATE rabbitretry.attempt a
             SET finished_at = now(), outcome = 'interrupted', error_type = 'NotStarted',
-                error_message = 'the handler never started (its worker died, or lost the '
-                                'claim''s reply, first); it is not counted'
+                error_message = 'the attempt was never marked started (its worker died, '
+                                'or lost the claim''s reply, before its handler had run a '
+                                'moment); it is not counted'
             WHERE a.queue = p_queue AND a.message_id = p_message_id AND a.attempt = p_attempt;
             RETURN 'not-started';
         END IF;
         UPDATE rabbitretry.attempt a
         SET finished_at = now(), outcome = 'crashed', error_type = 'WorkerLost',
-            error_message = format('the worker died before its handler started, %s times '
-                                   'now (in the payload''s validation, say); from the '
+            error_message = format('the worker died before the attempt was marked '
+                                   'started, %s times now (in the payload''s validation '
+                                   'or the first moment of its handler, say); from the '
                                    'fifth on, each time counts, so that the loop ends',
                                    not_started + 1)
         WHERE a.queue = p_queue AND a.message_id = p_message_id AND a.attempt = p_attempt;
@@ -741,7 +744,7 @@ CREATE TRIGGER ledger_recover_on_dead
 -- Migrations ---------------------------------------------------------------------------------
 
 -- The migrations applied (rabbitretry.db.migrate writes a row per migration); these rows say
--- that this schema stands for migrations 0001 to 0016.
+-- that this schema stands for migrations 0001 to 0017.
 CREATE TABLE rabbitretry.schema_migration (
     version     integer     PRIMARY KEY,
     name        text        NOT NULL,
@@ -763,4 +766,5 @@ INSERT INTO rabbitretry.schema_migration (version, name) VALUES
     (13, 'hot_attempts'),
     (14, 'snapshot_until_success'),
     (15, 'online_indexes'),
-    (16, 'unstarted_deaths');
+    (16, 'unstarted_deaths'),
+    (17, 'late_start_marks');

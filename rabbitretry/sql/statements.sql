@@ -7,10 +7,11 @@ SELECT verdict, attempt, budget_attempt, wait_seconds, status
 FROM rabbitretry.claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
 
 -- name: mark_started
--- The handler of attempt $3 starts now: from here on the attempt counts even if its worker
--- dies (see the claim function). Committed without waiting for its WAL flush, like the claim:
--- the attempt's final write flushes it, and only a database crash can lose it (the attempt is
--- then not counted, as a claim lost in that crash is not). No row: the attempt is not ours.
+-- Attempt $3 is marked started (its handler has run a moment, or our own code failed after
+-- the claim): from here on it counts even if its worker dies (close_lapsed_attempt).
+-- Committed without waiting for its WAL flush, like the claim: the attempt's final write
+-- flushes it, and only a database crash can lose it (the attempt is then not counted, as a
+-- claim lost in that crash is not). No row: the attempt is not ours.
 UPDATE rabbitretry.attempt
 SET handler_started_at = clock_timestamp()
 WHERE queue = $1 AND message_id = $2 AND attempt = $3 AND outcome IS NULL

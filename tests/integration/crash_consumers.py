@@ -6,9 +6,11 @@ import asyncio
 import os
 from pathlib import Path
 
+import asyncpg
 from pydantic import BaseModel, field_validator
 
 from rabbitretry import Consumer, Context, RetryPolicy
+from tests.integration.harness import wait_for
 
 
 class Job(BaseModel):
@@ -27,11 +29,21 @@ def _log(event: str, ctx: Context) -> None:
         events.write(f"{event} {ctx.message_id} {ctx.attempt}\n")
 
 
+def _runs(ctx: Context) -> int:
+    """How many times a handler has started for this message (this start included)."""
+    lines = Path(os.environ["RR_EVENTS"]).read_text().splitlines()
+    return sum(1 for line in lines if line.split()[:2] == ["start", ctx.message_id])
+
+
 class Crashy(Consumer[Job]):
     """``RR_MODE`` says how it misbehaves:
 
     hang-first   attempt 1 hangs (the test kills the worker), later attempts succeed
-    exit-always  every attempt kills its own process with os._exit
+    exit-always  every attempt kills its own process with os._exit, at once (before the
+                 ledger marks it started)
+    exit-marked  every attempt kills its own process once the ledger has marked it started
+    exit-amid    job 0's handler kills its process the first time it runs for a message, in
+                 its first step, amid the other slots' handlers; everything else succeeds
     slow         every attempt takes RR_SLEEP seconds, then succeeds
     exit-validating  the payload's validation kills the process: the handler never starts
     """
@@ -43,10 +55,33 @@ class Crashy(Consumer[Job]):
     async def handle(self, msg: Job, ctx: Context) -> None:
         mode = os.environ["RR_MODE"]
         _log("start", ctx)
-        if mode == "exit-always":
+        if mode == "exit-always" or (mode == "exit-amid" and msg.n == 0 and _runs(ctx) == 1):
+            os._exit(17)
+        if mode == "exit-marked":
+            await _until_marked(ctx)
             os._exit(17)
         if mode == "hang-first" and ctx.attempt == 1:
             await asyncio.Event().wait()
         if mode == "slow":
             await asyncio.sleep(float(os.environ["RR_SLEEP"]))
         _log("done", ctx)
+
+
+async def _until_marked(ctx: Context) -> None:
+    """Return once the ledger has marked this attempt started (its handler has run a while)."""
+    conn = await asyncpg.connect(os.environ["RABBITRETRY_DATABASE_URL"])
+
+    async def marked() -> bool:
+        return bool(
+            await conn.fetchval(
+                "SELECT handler_started_at IS NOT NULL FROM rabbitretry.attempt"
+                " WHERE queue = $1 AND message_id = $2 AND outcome IS NULL",
+                ctx.queue,
+                ctx.message_id,
+            )
+        )
+
+    try:
+        await wait_for(marked, timeout=10, interval=0.02)
+    finally:
+        await conn.close()

@@ -21,6 +21,7 @@ from tests.integration.harness import publish, wait_for, wait_status
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
+UNSTARTED_DEATHS_FORGIVEN = 4
 CLI = [sys.executable, "-c", "from rabbitretry.cli import main; main()"]
 
 
@@ -121,6 +122,7 @@ async def test_sigkill_mid_handler_is_redelivered_and_counted(
     worker.start()
     await publish_when_ready(amqp_url, queue_name, pool, "k1")
     await started(events, 1)
+    await wait_for(lambda: is_marked(pool, queue_name, "k1"), timeout=10)
     worker.kill()  # SIGKILL: no cleanup, no ack, no ledger update
 
     worker.start()
@@ -140,7 +142,8 @@ async def test_handler_that_always_exits_dies_after_max_attempts(
     queue_name: str,
     events: Path,
 ) -> None:
-    worker_env["RR_MODE"] = "exit-always"
+    """A handler that kills its worker once it has run a while: every death counts."""
+    worker_env["RR_MODE"] = "exit-marked"
     worker.start()
     await publish_when_ready(amqp_url, queue_name, pool, "k2")
     await restart_until_dead(worker, pool, queue_name, "k2", restarts=8)
@@ -154,17 +157,24 @@ async def test_handler_that_always_exits_dies_after_max_attempts(
     assert len(event_lines(events, "start")) == 3  # the handler never ran a fourth time
 
 
-async def test_a_message_that_kills_its_worker_before_the_handler_starts_ends_dead(
+@pytest.mark.parametrize(
+    ("mode", "handler_runs"),
+    [("exit-validating", 0), ("exit-always", UNSTARTED_DEATHS_FORGIVEN + 3)],
+)
+async def test_a_message_that_kills_its_worker_before_the_start_mark_ends_dead(
     worker: WorkerProcess,
     worker_env: dict[str, str],
     pool: asyncpg.Pool,
     amqp_url: str,
     queue_name: str,
     events: Path,
+    mode: str,
+    handler_runs: int,
 ) -> None:
-    """Deaths before the start mark are forgiven (the handler never ran), but only up to a
-    bound: a message whose validation kills every worker would loop for ever otherwise."""
-    worker_env.update(RR_MODE="exit-validating", RR_LEASE="1")
+    """Deaths before the start mark (in the payload's validation, or in the handler's first
+    moment) are forgiven, but only up to a bound: a message that kills every worker there
+    would loop for ever otherwise."""
+    worker_env.update(RR_MODE=mode, RR_LEASE="1")
     worker.start()
     await publish_when_ready(amqp_url, queue_name, pool, "k5")
     await restart_until_dead(worker, pool, queue_name, "k5", restarts=12)
@@ -183,13 +193,10 @@ async def test_a_message_that_kills_its_worker_before_the_handler_starts_ends_de
     charged = [r for r in log if r["error_type"] != "NotStarted"]
     assert len(forgiven) == UNSTARTED_DEATHS_FORGIVEN
     assert [r["outcome"] for r in charged] == ["crashed"] * 3
-    assert "before its handler started" in charged[0]["error_message"]
-    assert event_lines(events, "start") == []  # the handler never ran
+    assert "before the attempt was marked started" in charged[0]["error_message"]
+    assert len(event_lines(events, "start")) == handler_runs
     # Seven deaths; the eighth worker's claim finds the budget spent and the message dead.
     assert worker.starts == UNSTARTED_DEATHS_FORGIVEN + 3 + 1
-
-
-UNSTARTED_DEATHS_FORGIVEN = 4
 
 
 async def test_sigterm_lets_the_attempt_finish(
@@ -282,3 +289,70 @@ async def either_dead_or_exited(
 ) -> bool:
     assert worker.proc is not None
     return worker.proc.poll() is not None or await status_is(pool, queue, key, "dead")
+
+
+async def is_marked(pool: asyncpg.Pool, queue: str, key: str) -> bool:
+    """Whether ``key``'s open attempt is marked started (its handler has run a while)."""
+    return bool(
+        await pool.fetchval(
+            "SELECT handler_started_at IS NOT NULL FROM rabbitretry.attempt"
+            " WHERE queue = $1 AND message_id = $2 AND outcome IS NULL",
+            queue,
+            key,
+        )
+    )
+
+
+async def test_a_neighbour_ending_the_process_leaves_no_attempt_charged_without_its_run(
+    worker: WorkerProcess,
+    worker_env: dict[str, str],
+    pool: asyncpg.Pool,
+    amqp_url: str,
+    queue_name: str,
+    events: Path,
+) -> None:
+    """Handlers call os._exit while seven slots keep starting others: each attempt the ledger
+    charges to a dead worker had its handler started (a mark is written only once its
+    handler has run a while), and each exit left attempts in flight."""
+    worker_env.update(RR_MODE="exit-amid", RR_LEASE="1")
+    worker.start("--concurrency", "8")
+    await publish_when_ready(amqp_url, queue_name, pool, "warm-up")
+    every = NEIGHBOURS // KILLERS  # a killer after every so many neighbours
+    for n in range(1, NEIGHBOURS + 1):
+        await publish(amqp_url, queue_name, {"n": n}, message_id=f"n-{n}")
+        if n % every == 0:
+            await publish(amqp_url, queue_name, {"n": 0}, message_id=f"k-{n // every}")
+    while worker.starts <= KILLERS:  # play supervisor for the killers' exits
+        await wait_for(lambda: worker_exited(worker), timeout=60)
+        worker.start("--concurrency", "8")
+
+    async def all_succeeded() -> bool:
+        succeeded = await pool.fetchval(
+            "SELECT count(*) FROM rabbitretry.ledger WHERE queue = $1 AND status = 'succeeded'",
+            queue_name,
+        )
+        return bool(succeeded == 1 + NEIGHBOURS + KILLERS)
+
+    await wait_for(all_succeeded, timeout=60)
+    ran = {tuple(line.split()[1:]) for line in event_lines(events, "start")}
+    lapsed = await pool.fetch(
+        "SELECT message_id, outcome, attempt - count(*) FILTER ("
+        "    WHERE outcome = 'interrupted') OVER (PARTITION BY message_id ORDER BY attempt"
+        "    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS budget_attempt"
+        " FROM rabbitretry.attempt WHERE queue = $1 AND outcome IN ('crashed', 'interrupted')",
+        queue_name,
+    )
+    assert len(lapsed) >= KILLERS  # each exit left its own attempt open, at least
+    charged = [
+        (r["message_id"], str(r["budget_attempt"])) for r in lapsed if r["outcome"] == "crashed"
+    ]
+    assert [pair for pair in charged if pair not in ran] == []
+
+
+NEIGHBOURS = 800
+KILLERS = 4
+
+
+async def worker_exited(worker: WorkerProcess) -> bool:
+    assert worker.proc is not None
+    return worker.proc.poll() is not None

@@ -62,9 +62,7 @@ async def phantom_last_attempt(pool: asyncpg.Pool, queue: str, message_id: str) 
     )
     last = await ledger.claim(request(0.1))
     assert (last.verdict, last.attempt) == ("claimed", POLICY.max_attempts)
-    assert await (
-        await ledger.mark_started(Key(queue, message_id), last.attempt)
-    )  # its handler ran
+    assert await ledger.mark_started(Key(queue, message_id), last.attempt)  # its handler ran
     await asyncio.sleep(0.3)  # the lease runs out: the worker is gone
 
 

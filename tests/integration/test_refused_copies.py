@@ -95,7 +95,7 @@ async def claimed_by_a_lost_worker(pool: asyncpg.Pool, queue: str, message_id: s
     ledger = AttemptLedger(pool)
     claim = await ledger.claim(request)
     assert claim.verdict == "claimed", claim
-    assert await (await ledger.mark_started(request.key, claim.attempt))  # died inside its handler
+    assert await ledger.mark_started(request.key, claim.attempt)  # died inside its handler
 
     async def lease_lapsed() -> bool:
         lapsed: bool = await pool.fetchval(

@@ -62,7 +62,7 @@ async def lapsed_claim(pool: asyncpg.Pool, queue: str, message_id: str, *, start
     claim = await ledger.claim(ClaimRequest(key, 1, LEASE, "gone-worker", 0, snapshot))
     assert claim.verdict == "claimed", claim
     if started:
-        assert await (await ledger.mark_started(key, claim.attempt))
+        assert await ledger.mark_started(key, claim.attempt)
     await asyncio.sleep(LEASE + 0.2)
 
 
