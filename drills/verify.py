@@ -13,11 +13,14 @@ And two figures, reported but not (yet) rules, from the handler starts the drill
 records outside the database (see :mod:`drills.consumer`), compared with the attempt log:
 
 * attempts charged without a handler run: a counted attempt-log row whose handler never
-  started (a worker killed after its start mark and before its handler's first line); claims
-  given back as ``NotStarted`` are not counted, so they are not charged; the goal is 0;
+  started. The worker marks an attempt started only once its handler has run a while, so this
+  is 0 unless a message died before its mark five times or more (from the fifth such death on
+  each counts); claims given back as ``NotStarted`` are not counted, so they are not charged;
 * handler runs not charged: a handler start with no attempt-log row for it (a claim the ledger
   forgot, e.g. an unflushed commit lost in a database crash, its attempt number then given
-  again). Every such run is an attempt the crash-loop guard never counted.
+  again). Every such run is an attempt the crash-loop guard never counted. A ``NotStarted``
+  row accounts for a run too: its worker may have died in the handler's first moment, before
+  the start mark (forgiven, and bounded by the ledger).
 
 A handler sees its attempt's number within the current budget (``ctx.attempt``): attempts
 interrupted by a shutdown are forgiven, so the attempt log's numbers are mapped to budget
@@ -192,6 +195,7 @@ async def _compare_handler_runs(
     """Attempt-log rows against handler starts, per key and budget attempt number."""
     sent = {m.message_id for m in messages}
     charged: Counter[tuple[str, int]] = Counter()
+    forgiven: Counter[tuple[str, int]] = Counter()
     outcomes: dict[tuple[str, int], str] = {}
     for row in await conn.fetch(
         "SELECT message_id, attempt, outcome, error_type,"
@@ -201,9 +205,12 @@ async def _compare_handler_runs(
         " FROM rabbitretry.attempt WHERE queue = $1 ORDER BY message_id, attempt",
         queue,
     ):
-        if row["error_type"] == "NotStarted":
-            continue  # a claim given back: its handler never ran, and it was not counted
         pair = (row["message_id"], row["budget_attempt"])
+        if row["error_type"] == "NotStarted":
+            # Not counted: a claim given back, or a death before the start mark, which may
+            # have come in the handler's first moment (a run with this row, not a lost one).
+            forgiven[pair] += 1
+            continue
         charged[pair] += 1
         how = row["outcome"] or "open"
         if row["error_type"] and row["outcome"] != "succeeded":
@@ -213,11 +220,12 @@ async def _compare_handler_runs(
     verdict.handler_runs = sum(relevant.values())
     for pair in sorted(charged.keys() | relevant.keys()):
         key, attempt = pair
-        missing_runs = charged[pair] - relevant.get(pair, 0)
+        runs = relevant.get(pair, 0)
+        missing_runs = charged[pair] - runs
         if missing_runs > 0:
             verdict.charged_without_run += [f"{key} ({outcomes[pair]})"] * missing_runs
-        elif missing_runs < 0:
-            runs, rows = relevant[pair], charged[pair]
+        rows = charged[pair] + forgiven[pair]
+        if runs > rows:
             verdict.uncharged_runs += [
                 f"{key} (attempt {attempt}: {runs} run(s), {rows} attempt row(s))"
-            ] * -missing_runs
+            ] * (runs - rows)

@@ -87,13 +87,14 @@ async def test_handler_runs_are_compared_with_the_attempt_log(database_url: str)
         await _row(conn, "forgotten", "succeeded", 1, 1, 1)
         await _row(conn, "interrupted", "succeeded", 2, 2, 1)
         await _row(conn, "given-back", "succeeded", 2, 2, 1)
+        await _row(conn, "died-unmarked", "succeeded", 2, 2, 1)
         await conn.execute(
             "UPDATE rabbitretry.attempt SET outcome = 'crashed', error_type = 'WorkerLost'"
             " WHERE message_id = 'charged' AND attempt = 1"
         )
         await conn.execute(
             "UPDATE rabbitretry.attempt SET outcome = 'interrupted', error_type = 'NotStarted'"
-            " WHERE message_id = 'given-back' AND attempt = 1"
+            " WHERE message_id IN ('given-back', 'died-unmarked') AND attempt = 1"
         )
         await conn.execute(
             "UPDATE rabbitretry.attempt SET outcome = 'interrupted'"
@@ -107,17 +108,18 @@ async def test_handler_runs_are_compared_with_the_attempt_log(database_url: str)
                 ("forgotten", 1): 2,  # a claim lost, its attempt number given again
                 ("interrupted", 1): 2,  # forgiven: the next attempt is 1 again in the budget
                 ("given-back", 1): 1,  # attempt 1's handler never ran, and was not counted
+                ("died-unmarked", 1): 2,  # attempt 1's worker died before its start mark
                 ("not-sent", 1): 1,
             }
         )
-        keys = ("ran", "charged", "forgotten", "interrupted", "given-back")
+        keys = ("ran", "charged", "forgotten", "interrupted", "given-back", "died-unmarked")
         messages = [Message(key, "ok") for key in keys]
         verdict = await verify(conn, QUEUE, messages, starts)
         unknown = await verify(conn, QUEUE, messages)
     finally:
         await conn.close()
 
-    assert verdict.handler_runs == 8
+    assert verdict.handler_runs == 10
     assert verdict.charged_without_run == ["charged (attempt 1: crashed WorkerLost)"]
     assert verdict.uncharged_runs == ["forgotten (attempt 1: 2 run(s), 1 attempt row(s))"]
     assert verdict.ok  # figures, not rules (yet)
