@@ -98,6 +98,18 @@ async def wait_status(
     await wait_for(reached, timeout=timeout)
 
 
+async def is_marked(pool: asyncpg.Pool, queue: str, key: str) -> bool:
+    """Whether ``key``'s open attempt is marked started (its handler has run a while)."""
+    return bool(
+        await pool.fetchval(
+            "SELECT handler_started_at IS NOT NULL FROM rabbitretry.attempt"
+            " WHERE queue = $1 AND message_id = $2 AND outcome IS NULL",
+            queue,
+            key,
+        )
+    )
+
+
 @contextlib.asynccontextmanager
 async def running_worker(
     consumers: Sequence[type[Consumer[Any]]],

@@ -16,7 +16,7 @@ import pytest
 from rabbitretry import Topology
 from tests.integration import crash_consumers
 from tests.integration.conftest import BrokerCleanup
-from tests.integration.harness import publish, wait_for, wait_status
+from tests.integration.harness import is_marked, publish, wait_for, wait_status
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
@@ -289,18 +289,6 @@ async def either_dead_or_exited(
 ) -> bool:
     assert worker.proc is not None
     return worker.proc.poll() is not None or await status_is(pool, queue, key, "dead")
-
-
-async def is_marked(pool: asyncpg.Pool, queue: str, key: str) -> bool:
-    """Whether ``key``'s open attempt is marked started (its handler has run a while)."""
-    return bool(
-        await pool.fetchval(
-            "SELECT handler_started_at IS NOT NULL FROM rabbitretry.attempt"
-            " WHERE queue = $1 AND message_id = $2 AND outcome IS NULL",
-            queue,
-            key,
-        )
-    )
 
 
 async def test_a_neighbour_ending_the_process_leaves_no_attempt_charged_without_its_run(

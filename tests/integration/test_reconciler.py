@@ -44,7 +44,14 @@ from rabbitretry.reconcile.expected import Expected, Reconciliation
 from rabbitretry.reconcile.reconciler import Reconciler
 from rabbitretry.topology import declare, delays
 from tests.integration.conftest import BrokerCleanup
-from tests.integration.harness import publish, queue_depth, running_worker, wait_for, wait_status
+from tests.integration.harness import (
+    is_marked,
+    publish,
+    queue_depth,
+    running_worker,
+    wait_for,
+    wait_status,
+)
 
 pytestmark = pytest.mark.asyncio
 
@@ -419,16 +426,14 @@ async def test_a_dead_workers_lost_delivery_is_redriven_after_its_lease(
             return False  # the worker has not declared its queue yet
         return True
 
-    async def handler_started() -> bool:
-        return bool(lines("start"))
-
     async def requeued() -> bool:
         return await queue_depth(scene.amqp_url, scene.queue) == 1
 
     worker = start()
     try:
         await wait_for(published, timeout=30, interval=0.3)
-        await wait_for(handler_started)
+        # Killed before its start mark, attempt 1 would be forgiven and run again (and hang again).
+        await wait_for(lambda: is_marked(scene.pool, scene.queue, "held"))
         worker.kill()  # SIGKILL inside the handler: the lease is left to run out
         worker.wait(10)
         await wait_for(requeued)  # the broker requeues the unacked delivery; then loses it too
