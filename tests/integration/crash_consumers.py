@@ -10,7 +10,7 @@ import asyncpg
 from pydantic import BaseModel, field_validator
 
 from rabbitretry import Consumer, Context, RetryPolicy
-from tests.integration.harness import wait_for
+from tests.integration.harness import is_marked, wait_for
 
 
 class Job(BaseModel):
@@ -70,18 +70,9 @@ class Crashy(Consumer[Job]):
 async def _until_marked(ctx: Context) -> None:
     """Return once the ledger has marked this attempt started (its handler has run a while)."""
     conn = await asyncpg.connect(os.environ["RABBITRETRY_DATABASE_URL"])
-
-    async def marked() -> bool:
-        return bool(
-            await conn.fetchval(
-                "SELECT handler_started_at IS NOT NULL FROM rabbitretry.attempt"
-                " WHERE queue = $1 AND message_id = $2 AND outcome IS NULL",
-                ctx.queue,
-                ctx.message_id,
-            )
-        )
-
     try:
-        await wait_for(marked, timeout=10, interval=0.02)
+        await wait_for(
+            lambda: is_marked(conn, ctx.queue, ctx.message_id), timeout=10, interval=0.02
+        )
     finally:
         await conn.close()

@@ -98,10 +98,10 @@ async def wait_status(
     await wait_for(reached, timeout=timeout)
 
 
-async def is_marked(pool: asyncpg.Pool, queue: str, key: str) -> bool:
+async def is_marked(db: asyncpg.Pool | asyncpg.Connection, queue: str, key: str) -> bool:
     """Whether ``key``'s open attempt is marked started (its handler has run a while)."""
     return bool(
-        await pool.fetchval(
+        await db.fetchval(
             "SELECT handler_started_at IS NOT NULL FROM rabbitretry.attempt"
             " WHERE queue = $1 AND message_id = $2 AND outcome IS NULL",
             queue,
