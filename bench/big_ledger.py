@@ -5,7 +5,7 @@ on an empty one, and C while ``rabbitretry ledger prune`` deletes them.
 
     python -m bench.big_ledger --rows 10000000 --messages 8000 --repeats 3
 
-The rows are what a succeeded message leaves (no snapshot, one attempt-log row), spread over
+The rows are what a succeeded message leaves (its ledger row, without its snapshot), spread over
 queues and over the 31st to the 40th day before the run, so that a prune with the default
 30-day window deletes all of them. C runs at concurrency 8 with a queue of its own; the prune runs
 in a process of its own, as cron would start it. Rates are medians of alternating rounds
@@ -36,13 +36,9 @@ CHUNK = 500_000  # rows per load statement: a transaction of seconds, not minute
 LOAD = """
 INSERT INTO rabbitretry.ledger (queue, message_id, status, attempts, max_attempts,
                                 first_seen, updated_at, finished_at, payload, headers,
-                                properties)
-SELECT 'history-' || (n % $3), 'order-' || n, 'succeeded', 1, 5, at, at, at, NULL, NULL, NULL
-FROM generate_series($1::bigint, $2::bigint - 1) AS n,
-     LATERAL (SELECT now() - make_interval(secs => 86400 * ($5 + $6 * n::float8 / $4))) AS t(at);
-INSERT INTO rabbitretry.attempt (queue, message_id, attempt, started_at, finished_at,
-                                 outcome, worker, handler_started_at)
-SELECT 'history-' || (n % $3), 'order-' || n, 1, at, at, 'succeeded', 'w', at
+                                properties, worker, attempt_started_at)
+SELECT 'history-' || (n % $3), 'order-' || n, 'succeeded', 1, 5, at, at, at, NULL, NULL, NULL,
+       'w', at
 FROM generate_series($1::bigint, $2::bigint - 1) AS n,
      LATERAL (SELECT now() - make_interval(secs => 86400 * ($5 + $6 * n::float8 / $4))) AS t(at)
 """
@@ -56,8 +52,7 @@ async def load(database_url: str, rows: int, youngest: float = 31, spread: float
     try:
         for low in range(0, rows, CHUNK):
             high = min(low + CHUNK, rows)
-            for statement in LOAD.split(";\n"):
-                await conn.execute(statement, low, high, QUEUES, rows, youngest, spread)
+            await conn.execute(LOAD, low, high, QUEUES, rows, youngest, spread)
             print(f"  loaded {high:,} of {rows:,} rows", flush=True)
         await conn.execute("VACUUM ANALYZE rabbitretry.ledger")
         await conn.execute("VACUUM ANALYZE rabbitretry.attempt")

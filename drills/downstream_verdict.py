@@ -339,14 +339,14 @@ async def _breaker(
     if verdict.tripped_after is not None:
         verdict.probers = await conn.fetchval(
             "SELECT count(DISTINCT regexp_replace(worker, ':[0-9]+$', ''))"  # host:pid:slot
-            " FROM rabbitretry.attempt WHERE queue = $1"
+            " FROM rabbitretry.attempt_history WHERE queue = $1"
             " AND started_at >= to_timestamp($2) AND started_at < to_timestamp($3)",
             queue,
             timeline.down_at + verdict.tripped_after + PROBES_FROM,
             timeline.outage_end,
         )
     verdict.attempts_after = await conn.fetchval(
-        "SELECT count(*) FROM rabbitretry.attempt WHERE queue = $1"
+        "SELECT count(*) FROM rabbitretry.attempt_history WHERE queue = $1"
         " AND started_at >= to_timestamp($2) AND started_at < to_timestamp($3)",
         queue,
         timeline.down_at + SETTLING,

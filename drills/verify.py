@@ -134,9 +134,9 @@ async def verify(
         row["message_id"]: row
         for row in await conn.fetch(
             "SELECT l.message_id, l.status, l.reason, l.attempts,"
-            "       (SELECT count(*) FROM rabbitretry.attempt a"
+            "       (SELECT count(*) FROM rabbitretry.attempt_history a"
             "         WHERE a.queue = l.queue AND a.message_id = l.message_id) AS logged,"
-            "       (SELECT count(*) FROM rabbitretry.attempt a"
+            "       (SELECT count(*) FROM rabbitretry.attempt_history a"
             "         WHERE a.queue = l.queue AND a.message_id = l.message_id"
             "           AND a.outcome IS NULL) AS open"
             " FROM rabbitretry.ledger l WHERE l.queue = $1",
@@ -202,7 +202,7 @@ async def _compare_handler_runs(
         "       attempt - count(*) FILTER (WHERE outcome = 'interrupted') OVER ("
         "           PARTITION BY message_id ORDER BY attempt"
         "           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS budget_attempt"
-        " FROM rabbitretry.attempt WHERE queue = $1 ORDER BY message_id, attempt",
+        " FROM rabbitretry.attempt_history WHERE queue = $1 ORDER BY message_id, attempt",
         queue,
     ):
         pair = (row["message_id"], row["budget_attempt"])

@@ -37,43 +37,35 @@ FROM claims ORDER BY ord;
 -- name: batching_succeeded_many
 -- The success marks of many attempts (as `finish_attempt` with status succeeded; $4: keep
 -- each one's snapshot; without it only the publish time of the properties stays), in one
--- synchronous commit. Returns the attempts that were still
--- current; one missing had lost its lease to another attempt.
-WITH finished AS (
-    UPDATE rabbitretry.ledger l
-    SET status = 'succeeded', reason = NULL, error_type = NULL, error_message = NULL,
-        error_traceback = NULL, error_fingerprint = NULL, finished_at = now(),
-        updated_at = now(), lease_until = NULL, next_retry_at = NULL,
-        payload = CASE WHEN i.keep THEN l.payload END,
-        headers = CASE WHEN i.keep THEN l.headers END,
-        properties = CASE
-            WHEN i.keep THEN l.properties
-            WHEN l.properties ? 'timestamp'
-            THEN jsonb_build_object('timestamp', l.properties -> 'timestamp')
-        END
-    FROM unnest($1::text[], $2::text[], $3::int[], $4::bool[])
-         AS i(queue, message_id, attempt, keep)
-    WHERE l.queue = i.queue AND l.message_id = i.message_id AND l.attempts = i.attempt
-      AND l.status = 'processing'
-    RETURNING l.queue, l.message_id, l.attempts
-)
-UPDATE rabbitretry.attempt a
-SET finished_at = now(), outcome = 'succeeded',
-    error_type = NULL, error_message = NULL, error_traceback = NULL
-FROM finished f
-WHERE a.queue = f.queue AND a.message_id = f.message_id AND a.attempt = f.attempts
-RETURNING a.queue, a.message_id, a.attempt;
+-- synchronous commit; no attempt-log row (the ledger row is the success). Returns the attempts
+-- that were still current; one missing had lost its lease to another attempt.
+UPDATE rabbitretry.ledger l
+SET status = 'succeeded', reason = NULL, error_type = NULL, error_message = NULL,
+    error_traceback = NULL, error_fingerprint = NULL, finished_at = now(),
+    updated_at = now(), lease_until = NULL, next_retry_at = NULL,
+    payload = CASE WHEN i.keep THEN l.payload END,
+    headers = CASE WHEN i.keep THEN l.headers END,
+    properties = CASE
+        WHEN i.keep THEN l.properties
+        WHEN l.properties ? 'timestamp'
+        THEN jsonb_build_object('timestamp', l.properties -> 'timestamp')
+    END
+FROM unnest($1::text[], $2::text[], $3::int[], $4::bool[])
+     AS i(queue, message_id, attempt, keep)
+WHERE l.queue = i.queue AND l.message_id = i.message_id AND l.attempts = i.attempt
+  AND l.status = 'processing'
+RETURNING l.queue, l.message_id, l.attempts AS attempt;
 
 -- name: batching_started_many
 -- The start marks of many attempts (as `mark_started`), in one commit that does not wait for
 -- its flush. Returns the attempts still open; one missing is no longer ours.
 WITH started AS (
-    UPDATE rabbitretry.attempt a
+    UPDATE rabbitretry.ledger l
     SET handler_started_at = clock_timestamp()
     FROM unnest($1::text[], $2::text[], $3::int[]) AS i(queue, message_id, attempt)
-    WHERE a.queue = i.queue AND a.message_id = i.message_id AND a.attempt = i.attempt
-      AND a.outcome IS NULL
-    RETURNING a.queue, a.message_id, a.attempt
+    WHERE l.queue = i.queue AND l.message_id = i.message_id AND l.attempts = i.attempt
+      AND l.status = 'processing'
+    RETURNING l.queue, l.message_id, l.attempts AS attempt
 )
 SELECT queue, message_id, attempt,
        (SELECT set_config('synchronous_commit', 'off', true)) AS commit_mode

@@ -78,7 +78,7 @@ LIMIT $8;
 SELECT * FROM rabbitretry.ledger WHERE message_id = $1 ORDER BY queue;
 
 -- name: list_attempts
-SELECT * FROM rabbitretry.attempt WHERE queue = $1 AND message_id = $2 ORDER BY attempt;
+SELECT * FROM rabbitretry.attempt_history WHERE queue = $1 AND message_id = $2 ORDER BY attempt;
 
 -- name: list_audit
 SELECT * FROM rabbitretry.audit WHERE queue = $1 AND message_id = $2 ORDER BY at, id;

@@ -1,5 +1,5 @@
 -- The ledger database of rabbitretry, whole: every table, index, constraint, function and
--- trigger of the schema `rabbitretry` as the migrations 0001 to 0017 leave it, in one file to
+-- trigger of the schema `rabbitretry` as the migrations 0001 to 0018 leave it, in one file to
 -- read (what is stored, and why) and to build an empty database from in one step:
 --
 --     psql --single-transaction -f rabbitretry/sql/schema.sql "$RABBITRETRY_DATABASE_URL"
@@ -31,7 +31,7 @@ CREATE TABLE rabbitretry.ledger (
     message_id           text        NOT NULL,
     status               text        NOT NULL CHECK (status IN
                              ('processing', 'retrying', 'succeeded', 'dead', 'skipped', 'ignored')),
-    -- attempts always equals the number of rabbitretry.attempt rows for the key;
+    -- attempts always equals the number of rabbitretry.attempt_history rows for the key;
     -- attempts_forgiven are those that do not count against max_attempts
     -- (interrupted by a shutdown, or made before a replay granted a fresh budget).
     attempts             integer     NOT NULL DEFAULT 0 CHECK (attempts >= 0),
@@ -61,6 +61,13 @@ CREATE TABLE rabbitretry.ledger (
     -- and one reconciler does not flood a queue whose workers are down.
     redriven_at          timestamptz,
     redrives             integer     NOT NULL DEFAULT 0,
+    -- The last attempt, while it runs and once it succeeded (the attempt log has the others):
+    -- who runs it, since when, and since when its handler has run a moment (0.1 s; never
+    -- set for one that ends sooner). NULL on rows finished before migration 0018, whose
+    -- every attempt is in the log.
+    worker               text,
+    attempt_started_at   timestamptz,
+    handler_started_at   timestamptz,
     PRIMARY KEY (queue, message_id),
     CONSTRAINT ledger_check CHECK (status <> 'retrying' OR next_retry_at IS NOT NULL),
     CONSTRAINT ledger_check1 CHECK (status <> 'processing' OR lease_until IS NOT NULL),
@@ -84,7 +91,10 @@ CREATE INDEX ledger_fingerprint_idx ON rabbitretry.ledger (error_fingerprint, fi
 CREATE INDEX ledger_set_aside_idx ON rabbitretry.ledger (finished_at)
     WHERE status IN ('skipped', 'ignored');
 
--- Append-only: one row per attempt, written in the same transaction that counts it.
+-- Append-only: one row per attempt that ended otherwise than in success (retry, dead,
+-- skipped, crashed, interrupted, deferred), written when it ends. The open attempt and a
+-- successful one are on the ledger row (rows finished before migration 0018 have every
+-- attempt here).
 CREATE TABLE rabbitretry.attempt (
     queue           text        NOT NULL,
     message_id      text        NOT NULL,
@@ -110,58 +120,77 @@ CREATE TABLE rabbitretry.attempt (
         ON DELETE CASCADE
 ) WITH (fillfactor = 80);
 
--- Close the open attempt `p_attempt` of a key whose lease ran out: 'crashed' (WorkerLost) when
--- it was marked started (its handler had run a moment, 0.1 s, when the worker died or
--- stalled: it counts, so that a message that kills its worker ends dead), 'not-started' when
--- it was not (the worker died, or lost the claim's reply, before that: logged interrupted,
--- NotStarted; the caller forgives it), NULL when the attempt was not open. A key's first
--- four attempts found not started are forgiven; from the fifth on each counts (crashed), so
--- that a message that kills its worker before the mark (in its validation, or in its
--- handler's first moment) ends dead too. Only the attempt log is written.
+-- Every attempt of every message: the logged ones, and the last one from its ledger row while
+-- it runs or once it succeeded.
+CREATE VIEW rabbitretry.attempt_history AS
+SELECT a.queue, a.message_id, a.attempt, a.started_at, a.finished_at, a.outcome, a.error_type,
+       a.error_message, a.error_traceback, a.retry_at, a.worker, a.handler_started_at,
+       a.downstream
+FROM rabbitretry.attempt a
+UNION ALL
+SELECT l.queue, l.message_id, l.attempts, l.attempt_started_at,
+       CASE WHEN l.status = 'succeeded' THEN l.finished_at END,
+       CASE WHEN l.status = 'succeeded' THEN 'succeeded' END,
+       NULL, NULL, NULL, NULL, l.worker, l.handler_started_at, NULL
+FROM rabbitretry.ledger l
+WHERE l.attempt_started_at IS NOT NULL AND l.status IN ('processing', 'succeeded');
+
+-- Close the open attempt `p_attempt` of a key whose lease ran out, appending it to the attempt
+-- log: 'crashed' (WorkerLost) when it was marked started (its handler had run a moment, 0.1 s,
+-- when the worker died or stalled: it counts, so that a message that kills its worker ends
+-- dead), 'not-started' when it was not (the worker died, or lost the claim's reply, before
+-- that: logged interrupted, NotStarted; the caller forgives it), NULL when the attempt was not
+-- open. A key's first four attempts found not started are forgiven; from the fifth on each
+-- counts (crashed), so that a message that kills its worker before the mark (in its
+-- validation, or in its handler's first moment) ends dead too. Only the attempt log is
+-- written; the caller holds the ledger row's lock and updates it.
 CREATE FUNCTION rabbitretry.close_lapsed_attempt(
     p_queue text, p_message_id text, p_attempt integer
 ) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
-    started timestamptz;
+    r rabbitretry.ledger%ROWTYPE;
     not_started integer;  -- earlier attempts of the key found not started
     forgiven_at_most constant integer := 4;  -- the fifth counts (the text below says so)
+    v_outcome text := 'crashed';
+    v_error_type text := 'WorkerLost';
+    v_message text := 'the worker stopped renewing its lease before the attempt finished';
 BEGIN
-    SELECT a.handler_started_at INTO started FROM rabbitretry.attempt a
-    WHERE a.queue = p_queue AND a.message_id = p_message_id AND a.attempt = p_attempt
-      AND a.outcome IS NULL
-    FOR UPDATE;
+    -- Open: the row's last attempt, not logged yet (whatever the status the caller is
+    -- writing in the same statement).
+    SELECT * INTO r FROM rabbitretry.ledger l
+    WHERE l.queue = p_queue AND l.message_id = p_message_id AND l.attempts = p_attempt
+      AND p_attempt >= 1
+      AND NOT EXISTS (SELECT 1 FROM rabbitretry.attempt a
+                      WHERE a.queue = p_queue AND a.message_id = p_message_id
+                        AND a.attempt = p_attempt);
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    IF started IS NULL THEN
+    IF r.handler_started_at IS NULL THEN
         SELECT count(*) INTO not_started FROM rabbitretry.attempt a
         WHERE a.queue = p_queue AND a.message_id = p_message_id
           AND a.error_type = 'NotStarted';
         IF not_started < forgiven_at_most THEN
-            UPDATE rabbitretry.attempt a
-            SET finished_at = now(), outcome = 'interrupted', error_type = 'NotStarted',
-                error_message = 'the attempt was never marked started (its worker died, '
-                                'or lost the claim''s reply, before its handler had run a '
-                                'moment); it is not counted'
-            WHERE a.queue = p_queue AND a.message_id = p_message_id AND a.attempt = p_attempt;
-            RETURN 'not-started';
+            v_outcome := 'interrupted';
+            v_error_type := 'NotStarted';
+            v_message := 'the attempt was never marked started (its worker died, or lost the '
+                       'claim''s reply, before its handler had run a moment); it is not '
+                       'counted';
+        ELSE
+            v_message := format('the worker died before the attempt was marked started, %s '
+                              'times now (in the payload''s validation or the first moment '
+                              'of its handler, say); from the fifth on, each time counts, '
+                              'so that the loop ends', not_started + 1);
         END IF;
-        UPDATE rabbitretry.attempt a
-        SET finished_at = now(), outcome = 'crashed', error_type = 'WorkerLost',
-            error_message = format('the worker died before the attempt was marked '
-                                   'started, %s times now (in the payload''s validation '
-                                   'or the first moment of its handler, say); from the '
-                                   'fifth on, each time counts, so that the loop ends',
-                                   not_started + 1)
-        WHERE a.queue = p_queue AND a.message_id = p_message_id AND a.attempt = p_attempt;
-        RETURN 'crashed';
     END IF;
-    UPDATE rabbitretry.attempt a
-    SET finished_at = now(), outcome = 'crashed', error_type = 'WorkerLost',
-        error_message = 'the worker stopped renewing its lease before the attempt finished'
-    WHERE a.queue = p_queue AND a.message_id = p_message_id AND a.attempt = p_attempt;
-    RETURN 'crashed';
+    INSERT INTO rabbitretry.attempt (queue, message_id, attempt, started_at, finished_at,
+                                     outcome, error_type, error_message, worker,
+                                     handler_started_at)
+    VALUES (p_queue, p_message_id, p_attempt, coalesce(r.attempt_started_at, r.updated_at),
+            now(), v_outcome, v_error_type, v_message, coalesce(r.worker, 'unknown'),
+            r.handler_started_at);
+    RETURN CASE WHEN v_outcome = 'interrupted' THEN 'not-started' ELSE 'crashed' END;
 END;
 $$;
 
@@ -188,13 +217,11 @@ DECLARE
 BEGIN
     INSERT INTO rabbitretry.ledger AS l (queue, message_id, status, attempts, max_attempts,
                                          lease_until, payload, headers, properties, exchange,
-                                         routing_key)
+                                         routing_key, worker, attempt_started_at)
     VALUES (p_queue, p_message_id, 'processing', 1, p_max_attempts, lease, p_payload, p_headers,
-            p_properties, p_exchange, p_routing_key)
+            p_properties, p_exchange, p_routing_key, p_worker, now())
     ON CONFLICT (queue, message_id) DO NOTHING;
     IF FOUND THEN
-        INSERT INTO rabbitretry.attempt (queue, message_id, attempt, worker)
-        VALUES (p_queue, p_message_id, 1, p_worker);
         RETURN QUERY SELECT 'claimed'::text, 1, 1, 0::float8, 'processing'::text;
         RETURN;
     END IF;
@@ -254,10 +281,9 @@ BEGIN
     UPDATE rabbitretry.ledger l
     SET attempts = l.attempts + 1, status = 'processing', lease_until = lease,
         next_retry_at = NULL, retry_copy_confirmed = false, max_attempts = p_max_attempts,
-        updated_at = now()
+        updated_at = now(), worker = p_worker, attempt_started_at = now(),
+        handler_started_at = NULL
     WHERE l.queue = p_queue AND l.message_id = p_message_id;
-    INSERT INTO rabbitretry.attempt (queue, message_id, attempt, worker)
-    VALUES (p_queue, p_message_id, r.attempts + 1, p_worker);
     RETURN QUERY SELECT 'claimed'::text, r.attempts + 1, r.attempts + 1 - r.attempts_forgiven,
                         0::float8, 'processing'::text;
 END;
@@ -744,7 +770,7 @@ CREATE TRIGGER ledger_recover_on_dead
 -- Migrations ---------------------------------------------------------------------------------
 
 -- The migrations applied (rabbitretry.db.migrate writes a row per migration); these rows say
--- that this schema stands for migrations 0001 to 0017.
+-- that this schema stands for migrations 0001 to 0018.
 CREATE TABLE rabbitretry.schema_migration (
     version     integer     PRIMARY KEY,
     name        text        NOT NULL,
@@ -767,4 +793,5 @@ INSERT INTO rabbitretry.schema_migration (version, name) VALUES
     (14, 'snapshot_until_success'),
     (15, 'online_indexes'),
     (16, 'unstarted_deaths'),
-    (17, 'late_start_marks');
+    (17, 'late_start_marks'),
+    (18, 'one_row_per_attempt');

@@ -12,9 +12,9 @@ FROM rabbitretry.claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
 -- Committed without waiting for its WAL flush, like the claim: the attempt's final write
 -- flushes it, and only a database crash can lose it (the attempt is then not counted, as a
 -- claim lost in that crash is not). No row: the attempt is not ours.
-UPDATE rabbitretry.attempt
+UPDATE rabbitretry.ledger
 SET handler_started_at = clock_timestamp()
-WHERE queue = $1 AND message_id = $2 AND attempt = $3 AND outcome IS NULL
+WHERE queue = $1 AND message_id = $2 AND attempts = $3 AND status = 'processing'
 RETURNING set_config('synchronous_commit', 'off', true) AS commit_mode;
 
 -- name: renew_lease
@@ -25,8 +25,9 @@ WHERE queue = $1 AND message_id = $2 AND attempts = $3 AND status = 'processing'
 RETURNING 1;
 
 -- name: finish_attempt
--- Closes attempt $3 of a key as succeeded, dead or skipped; the ledger row follows in the same
--- statement. No row returned means the attempt had lost its lease to another one. $10: keep
+-- Closes attempt $3 of a key as succeeded, dead or skipped: the ledger row says so, and a dead
+-- or skipped attempt is appended to the attempt log in the same statement (a success is the
+-- ledger row alone). No row returned means the attempt had lost its lease to another one. $10: keep
 -- the snapshot of a succeeded message (its consumer's keep_payload = "always"); without it,
 -- of the properties only the publish time stays (what `rabbitretry status` measures from).
 WITH finished AS (
@@ -42,14 +43,16 @@ WITH finished AS (
             THEN jsonb_build_object('timestamp', properties -> 'timestamp')
         END
     WHERE queue = $1 AND message_id = $2 AND attempts = $3 AND status = 'processing'
-    RETURNING queue, message_id, attempts
+    RETURNING queue, message_id, attempts, worker, attempt_started_at, handler_started_at
+), logged AS (
+    INSERT INTO rabbitretry.attempt (queue, message_id, attempt, started_at, finished_at,
+                                     outcome, error_type, error_message, error_traceback,
+                                     worker, handler_started_at)
+    SELECT queue, message_id, attempts, coalesce(attempt_started_at, now()), now(), $4, $6, $7,
+           $8, coalesce(worker, 'unknown'), handler_started_at
+    FROM finished WHERE $4 <> 'succeeded'
 )
-UPDATE rabbitretry.attempt a
-SET finished_at = now(), outcome = $4,
-    error_type = $6, error_message = $7, error_traceback = $8
-FROM finished f
-WHERE a.queue = f.queue AND a.message_id = f.message_id AND a.attempt = f.attempts
-RETURNING 1;
+SELECT 1 FROM finished;
 
 -- name: schedule_retry
 -- Attempt $3 failed and will be retried after $4 seconds ($9: the downstream whose failure it
@@ -60,13 +63,15 @@ WITH retrying AS (
         retry_copy_confirmed = false, lease_until = NULL, updated_at = now(),
         error_type = $5, error_message = $6, error_traceback = $7, error_fingerprint = $8
     WHERE queue = $1 AND message_id = $2 AND attempts = $3 AND status = 'processing'
-    RETURNING queue, message_id, attempts, next_retry_at
+    RETURNING queue, message_id, attempts, next_retry_at, worker, attempt_started_at,
+              handler_started_at
 ), logged AS (
-    UPDATE rabbitretry.attempt a
-    SET finished_at = now(), outcome = 'retry', error_type = $5, error_message = $6,
-        error_traceback = $7, retry_at = r.next_retry_at, downstream = $9
-    FROM retrying r
-    WHERE a.queue = r.queue AND a.message_id = r.message_id AND a.attempt = r.attempts
+    INSERT INTO rabbitretry.attempt (queue, message_id, attempt, started_at, finished_at,
+                                     outcome, error_type, error_message, error_traceback,
+                                     retry_at, worker, handler_started_at, downstream)
+    SELECT queue, message_id, attempts, coalesce(attempt_started_at, now()), now(), 'retry',
+           $5, $6, $7, next_retry_at, coalesce(worker, 'unknown'), handler_started_at, $9
+    FROM retrying
 )
 SELECT extract(epoch FROM next_retry_at - now())::float8 AS wait_seconds FROM retrying;
 
@@ -82,13 +87,14 @@ WITH requeued AS (
     SET status = 'retrying', next_retry_at = now(), retry_copy_confirmed = false,
         lease_until = NULL, attempts_forgiven = attempts_forgiven + 1, updated_at = now()
     WHERE queue = $1 AND message_id = $2 AND attempts = $3 AND status = 'processing'
-    RETURNING queue, message_id, attempts
+    RETURNING queue, message_id, attempts, worker, attempt_started_at, handler_started_at
 )
-UPDATE rabbitretry.attempt a
-SET finished_at = now(), outcome = 'interrupted', error_type = 'Interrupted',
-    error_message = 'the worker shut down during the attempt; it is not counted'
-FROM requeued r
-WHERE a.queue = r.queue AND a.message_id = r.message_id AND a.attempt = r.attempts
+INSERT INTO rabbitretry.attempt (queue, message_id, attempt, started_at, finished_at, outcome,
+                                 error_type, error_message, worker, handler_started_at)
+SELECT queue, message_id, attempts, coalesce(attempt_started_at, now()), now(), 'interrupted',
+       'Interrupted', 'the worker shut down during the attempt; it is not counted',
+       coalesce(worker, 'unknown'), handler_started_at
+FROM requeued
 RETURNING 1;
 
 -- name: defer_attempt
@@ -100,39 +106,32 @@ WITH deferred AS (
         lease_until = NULL, attempts_forgiven = attempts_forgiven + 1, updated_at = now(),
         error_type = $5, error_message = $6, error_traceback = $7, error_fingerprint = $8
     WHERE queue = $1 AND message_id = $2 AND attempts = $3 AND status = 'processing'
-    RETURNING queue, message_id, attempts
+    RETURNING queue, message_id, attempts, worker, attempt_started_at, handler_started_at
 )
-UPDATE rabbitretry.attempt a
-SET finished_at = now(), outcome = 'deferred', downstream = $4, error_type = $5,
-    error_message = $6, error_traceback = $7
-FROM deferred r
-WHERE a.queue = r.queue AND a.message_id = r.message_id AND a.attempt = r.attempts
+INSERT INTO rabbitretry.attempt (queue, message_id, attempt, started_at, finished_at, outcome,
+                                 error_type, error_message, error_traceback, worker,
+                                 handler_started_at, downstream)
+SELECT queue, message_id, attempts, coalesce(attempt_started_at, now()), now(), 'deferred', $5,
+       $6, $7, coalesce(worker, 'unknown'), handler_started_at, $4
+FROM deferred
 RETURNING 1;
 
 -- name: release_claim
 -- A claim whose reply was lost with the connection: if worker $3 holds the key's open attempt,
 -- that attempt is interrupted (not counted) and the message is due again at once.
-WITH mine AS (
-    SELECT l.queue, l.message_id, l.attempts
-    FROM rabbitretry.ledger l
-    JOIN rabbitretry.attempt a
-      ON a.queue = l.queue AND a.message_id = l.message_id AND a.attempt = l.attempts
-    WHERE l.queue = $1 AND l.message_id = $2 AND l.status = 'processing'
-      AND a.worker = $3 AND a.outcome IS NULL
-    FOR UPDATE OF l
-), requeued AS (
-    UPDATE rabbitretry.ledger l
+WITH requeued AS (
+    UPDATE rabbitretry.ledger
     SET status = 'retrying', next_retry_at = now(), retry_copy_confirmed = false,
         lease_until = NULL, attempts_forgiven = attempts_forgiven + 1, updated_at = now()
-    FROM mine m
-    WHERE l.queue = m.queue AND l.message_id = m.message_id AND l.attempts = m.attempts
-    RETURNING l.queue, l.message_id, l.attempts
+    WHERE queue = $1 AND message_id = $2 AND status = 'processing' AND worker = $3
+    RETURNING queue, message_id, attempts, worker, attempt_started_at, handler_started_at
 )
-UPDATE rabbitretry.attempt a
-SET finished_at = now(), outcome = 'interrupted', error_type = 'NotStarted',
-    error_message = 'the claim''s reply was lost with the connection; it is not counted'
-FROM requeued r
-WHERE a.queue = r.queue AND a.message_id = r.message_id AND a.attempt = r.attempts
+INSERT INTO rabbitretry.attempt (queue, message_id, attempt, started_at, finished_at, outcome,
+                                 error_type, error_message, worker, handler_started_at)
+SELECT queue, message_id, attempts, coalesce(attempt_started_at, now()), now(), 'interrupted',
+       'NotStarted', 'the claim''s reply was lost with the connection; it is not counted',
+       worker, handler_started_at
+FROM requeued
 RETURNING 1;
 
 -- name: record_rejected

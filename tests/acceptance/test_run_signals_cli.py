@@ -111,7 +111,7 @@ async def test_a_second_ctrl_c_interrupts_the_in_flight_attempts(
         "deliveries requeued (not counted against their budget)"
     )
     outcome = await pool.fetchval(
-        "SELECT outcome FROM rabbitretry.attempt WHERE queue = $1 AND message_id = 'm-1'",
+        "SELECT outcome FROM rabbitretry.attempt_history WHERE queue = $1 AND message_id = 'm-1'",
         slow_queue,
     )
     assert outcome == "interrupted"

@@ -76,7 +76,7 @@ async def assert_each_once(pool: asyncpg.Pool, queue: str, count: int) -> None:
     rows = await pool.fetch(
         """SELECT l.message_id, l.attempts, count(a.*) AS logged
            FROM rabbitretry.ledger l
-           LEFT JOIN rabbitretry.attempt a USING (queue, message_id)
+           LEFT JOIN rabbitretry.attempt_history a USING (queue, message_id)
            WHERE l.queue = $1 GROUP BY l.message_id, l.attempts""",
         queue,
     )

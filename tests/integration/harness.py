@@ -102,7 +102,7 @@ async def is_marked(db: asyncpg.Pool | asyncpg.Connection, queue: str, key: str)
     """Whether ``key``'s open attempt is marked started (its handler has run a while)."""
     return bool(
         await db.fetchval(
-            "SELECT handler_started_at IS NOT NULL FROM rabbitretry.attempt"
+            "SELECT handler_started_at IS NOT NULL FROM rabbitretry.attempt_history"
             " WHERE queue = $1 AND message_id = $2 AND outcome IS NULL",
             queue,
             key,

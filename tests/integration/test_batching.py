@@ -59,7 +59,7 @@ async def test_a_group_of_claims_and_success_marks_writes_what_single_ones_would
     statuses = await pool.fetch(
         "SELECT l.message_id, l.status, a.outcome, a.finished_at IS NOT NULL AS closed,"
         " l.payload IS NOT NULL AND l.headers IS NOT NULL AND l.properties IS NOT NULL AS kept"
-        " FROM rabbitretry.ledger l JOIN rabbitretry.attempt a USING (queue, message_id)"
+        " FROM rabbitretry.ledger l JOIN rabbitretry.attempt_history a USING (queue, message_id)"
         " ORDER BY l.message_id"
     )
     assert [tuple(r) for r in statuses] == [
@@ -128,6 +128,7 @@ async def test_a_busy_worker_records_every_message_once(
     assert sorted(handled) == sorted(f"m{i}" for i in range(count))
     counts = await pool.fetchrow(
         "SELECT count(*) AS attempts, count(*) FILTER (WHERE outcome = 'succeeded') AS ok,"
-        " (SELECT sum(attempts) FROM rabbitretry.ledger) AS counted FROM rabbitretry.attempt"
+        " (SELECT sum(attempts) FROM rabbitretry.ledger) AS counted"
+        " FROM rabbitretry.attempt_history"
     )
     assert tuple(counts) == (count, count, count)

@@ -103,7 +103,7 @@ async def started(events: Path, count: int) -> None:
 
 async def attempts(pool: asyncpg.Pool, queue: str, key: str) -> list[asyncpg.Record]:
     return await pool.fetch(
-        "SELECT attempt, outcome FROM rabbitretry.attempt"
+        "SELECT attempt, outcome FROM rabbitretry.attempt_history"
         " WHERE queue = $1 AND message_id = $2 ORDER BY attempt",
         queue,
         key,
@@ -185,7 +185,7 @@ async def test_a_message_that_kills_its_worker_before_the_start_mark_ends_dead(
     )
     assert row is not None and tuple(row) == ("crashed", 3)
     log = await pool.fetch(
-        "SELECT outcome, error_type, error_message FROM rabbitretry.attempt"
+        "SELECT outcome, error_type, error_message FROM rabbitretry.attempt_history"
         " WHERE queue = $1 AND message_id = 'k5' ORDER BY attempt",
         queue_name,
     )
@@ -327,7 +327,8 @@ async def test_a_neighbour_ending_the_process_leaves_no_attempt_charged_without_
         "SELECT message_id, outcome, attempt - count(*) FILTER ("
         "    WHERE outcome = 'interrupted') OVER (PARTITION BY message_id ORDER BY attempt"
         "    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS budget_attempt"
-        " FROM rabbitretry.attempt WHERE queue = $1 AND outcome IN ('crashed', 'interrupted')",
+        " FROM rabbitretry.attempt_history"
+        " WHERE queue = $1 AND outcome IN ('crashed', 'interrupted')",
         queue_name,
     )
     assert len(lapsed) >= KILLERS  # each exit left its own attempt open, at least

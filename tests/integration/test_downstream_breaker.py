@@ -173,7 +173,8 @@ async def test_an_outage_opens_the_breaker_charges_nothing_and_catches_up_by_its
     assert [a["state"] for a in alerts] == ["open", "closed"]
     assert (
         await pool.fetchval(
-            "SELECT count(*) FROM rabbitretry.attempt WHERE queue = $1 AND outcome = 'deferred'"
+            "SELECT count(*) FROM rabbitretry.attempt_history"
+            " WHERE queue = $1 AND outcome = 'deferred'"
             " AND downstream = 'wms'",
             queue_name,
         )
@@ -226,9 +227,9 @@ async def test_a_downstream_that_never_recovers_kills_nothing_and_does_not_loop(
     async with running_worker([consumer], amqp_url, database_url, concurrency=2):
         await publish_orders(amqp_url, queue_name, 10)
         await wait_open(pool)
-        attempts_at_open = await pool.fetchval("SELECT count(*) FROM rabbitretry.attempt")
+        attempts_at_open = await pool.fetchval("SELECT count(*) FROM rabbitretry.attempt_history")
         await asyncio.sleep(4.0)
-        attempts_later = await pool.fetchval("SELECT count(*) FROM rabbitretry.attempt")
+        attempts_later = await pool.fetchval("SELECT count(*) FROM rabbitretry.attempt_history")
         row = await breaker(pool)
 
     # One probe per pause (0.5 s, then 1 s): a handful of attempts, none charged, none dead.

@@ -107,7 +107,7 @@ async def test_a_call_that_gets_no_turn_in_time_is_deferred_not_charged(
 
     assert len(calls) == 2
     deferred = await pool.fetch(
-        "SELECT error_message FROM rabbitretry.attempt"
+        "SELECT error_message FROM rabbitretry.attempt_history"
         " WHERE queue = $1 AND outcome = 'deferred' AND downstream = 'wms'",
         queue_name,
     )

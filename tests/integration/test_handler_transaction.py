@@ -29,7 +29,7 @@ class Item(BaseModel):
 
 async def attempts_of(pool: asyncpg.Pool, message_id: str) -> list[asyncpg.Record]:
     return await pool.fetch(
-        "SELECT attempt, outcome, error_type, error_message FROM rabbitretry.attempt"
+        "SELECT attempt, outcome, error_type, error_message FROM rabbitretry.attempt_history"
         " WHERE message_id = $1 ORDER BY attempt",
         message_id,
     )

@@ -54,7 +54,8 @@ def queue_type(request: pytest.FixtureRequest) -> str:
 
 async def attempt_rows(pool: asyncpg.Pool, queue: str, message_id: str) -> list[asyncpg.Record]:
     return await pool.fetch(
-        "SELECT * FROM rabbitretry.attempt WHERE queue = $1 AND message_id = $2 ORDER BY attempt",
+        "SELECT * FROM rabbitretry.attempt_history WHERE queue = $1 AND message_id = $2"
+        " ORDER BY attempt",
         queue,
         message_id,
     )

@@ -377,7 +377,7 @@ async def test_retries_whose_delay_copies_were_lost_are_redriven_and_succeed(
 
     assert calls == {key: 2 for key in keys}  # the failed attempt and the re-driven one
     outcomes = await scene.rows(
-        "SELECT message_id, array_agg(outcome ORDER BY attempt) FROM rabbitretry.attempt"
+        "SELECT message_id, array_agg(outcome ORDER BY attempt) FROM rabbitretry.attempt_history"
         " WHERE queue = $1 GROUP BY message_id"
     )
     assert dict(outcomes) == {key: ["retry", "succeeded"] for key in keys}
@@ -453,7 +453,7 @@ async def test_a_dead_workers_lost_delivery_is_redriven_after_its_lease(
         worker.kill()
         worker.wait(10)
     assert await scene.rows(
-        "SELECT attempt, outcome FROM rabbitretry.attempt WHERE queue = $1 ORDER BY attempt"
+        "SELECT attempt, outcome FROM rabbitretry.attempt_history WHERE queue = $1 ORDER BY attempt"
     ) == [(1, "crashed"), (2, "succeeded")]
     assert len(lines("done")) == 1
 
@@ -589,7 +589,7 @@ async def refuse(self: Any, msg: Job, ctx: Context) -> str | None:
 
 SKIPPED_ROWS = (
     "SELECT l.message_id, l.reason, a.outcome FROM rabbitretry.ledger l"
-    " JOIN rabbitretry.attempt a USING (queue, message_id) WHERE l.queue = $1"
+    " JOIN rabbitretry.attempt_history a USING (queue, message_id) WHERE l.queue = $1"
     " AND l.status = 'skipped' ORDER BY l.message_id"
 )
 

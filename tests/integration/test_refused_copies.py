@@ -67,7 +67,7 @@ async def row_of(pool: asyncpg.Pool, queue: str, message_id: str) -> asyncpg.Rec
 
 async def attempt_outcomes(pool: asyncpg.Pool, queue: str, message_id: str) -> list[str | None]:
     rows = await pool.fetch(
-        "SELECT outcome FROM rabbitretry.attempt WHERE queue = $1 AND message_id = $2 "
+        "SELECT outcome FROM rabbitretry.attempt_history WHERE queue = $1 AND message_id = $2 "
         "ORDER BY attempt",
         queue,
         message_id,

@@ -78,7 +78,7 @@ async def test_each_consumer_keeps_its_ledger_and_effects_in_its_own_database(
         (away.queue, "a1", "succeeded", 1),
         (away.queue, "a2", "dead", 1),
     ]
-    attempts = "SELECT queue, message_id FROM rabbitretry.attempt ORDER BY 2"
+    attempts = "SELECT queue, message_id FROM rabbitretry.attempt_history ORDER BY 2"
     assert await rows(database_url, attempts) == [(home.queue, "h1")]
     assert await rows(second_database_url, attempts) == [(away.queue, "a1"), (away.queue, "a2")]
     # The failed attempt's effect rolled back with it; the others committed where they belong.

@@ -45,7 +45,7 @@ def one_attempt_consumer(queue: str) -> type[Consumer[Item]]:
 
 async def attempt_log(pool: asyncpg.Pool, queue: str, message_id: str) -> list[tuple[Any, ...]]:
     rows = await pool.fetch(
-        "SELECT outcome, error_type FROM rabbitretry.attempt"
+        "SELECT outcome, error_type FROM rabbitretry.attempt_history"
         " WHERE queue = $1 AND message_id = $2 ORDER BY attempt",
         queue,
         message_id,
