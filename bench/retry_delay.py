@@ -31,8 +31,8 @@ RATE = 40.0  # first attempts per second: the queue never backs up, so a copy th
 LATENESS = """
 SELECT extract(epoch FROM second.started_at - first.retry_at)::float8 AS lateness,
        extract(epoch FROM first.retry_at - first.finished_at)::float8 AS scheduled
-FROM rabbitretry.attempt first
-JOIN rabbitretry.attempt second
+FROM rabbitretry.attempt_history first
+JOIN rabbitretry.attempt_history second
   ON second.queue = first.queue AND second.message_id = first.message_id
  AND second.attempt = 2
 WHERE first.queue = $1 AND first.attempt = 1 AND first.outcome = 'retry'
