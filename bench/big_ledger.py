@@ -40,13 +40,14 @@ INSERT INTO rabbitretry.ledger (queue, message_id, status, attempts, max_attempt
 SELECT 'history-' || (n % $3), 'order-' || n, 'succeeded', 1, 5, at, at, at, NULL, NULL, NULL,
        'w', at
 FROM generate_series($1::bigint, $2::bigint - 1) AS n,
-     LATERAL (SELECT now() - make_interval(secs => 86400 * ($5 + $6 * n::float8 / $4))) AS t(at)
+     LATERAL (SELECT now() - make_interval(secs => 86400 * ($5 + $6 * (1 - n::float8 / $4))))
+         AS t(at)
 """
 
 
 async def load(database_url: str, rows: int, youngest: float = 31, spread: float = 9) -> float:
     """Fill the ledger with ``rows`` finished messages, which ended from ``youngest`` to
-    ``youngest + spread`` days ago; seconds it took."""
+    ``youngest + spread`` days ago, oldest first (as a ledger fills); seconds it took."""
     started = time.monotonic()
     conn = await asyncpg.connect(database_url)
     try:
