@@ -13,7 +13,8 @@ it (``--older-than 30d``), has work while the traffic flows. Every minute the ru
 tables' live and dead tuples, their sizes with their indexes, and autovacuum's runs; at the
 end it reads from the ledger, by the minute a message finished, how many succeeded and their
 p99 from publication to success (first attempts only: a retry's wait is the policy's). It
-compares the last five minutes with the first five.
+compares the last five minutes with the first five, and lists the run's slowest seconds with
+whether a vacuum or a prune was running then.
 
 A server whose autovacuum is off (``SHOW autovacuum``) would leave every dead tuple of the run
 in place, which no production ledger should meet: the run then vacuums the two ledger tables
@@ -69,6 +70,20 @@ WHERE queue = $1 AND status = 'succeeded'
 GROUP BY 1 ORDER BY 1
 """
 
+# The seconds whose slowest first-attempt success took longest, as Unix times: what a stall
+# looks like from outside, to set beside what the run was doing then.
+SLOWEST_SECONDS = """
+SELECT extract(epoch FROM date_trunc('second', finished_at))::float8 AS at,
+       max(extract(epoch FROM finished_at) * 1000
+           - split_part(message_id, '-', 3)::bigint / 1e6) AS worst_ms
+FROM rabbitretry.ledger
+WHERE queue = $1 AND status = 'succeeded' AND attempts = 1 AND message_id LIKE 'ok-%'
+GROUP BY 1 ORDER BY 2 DESC LIMIT $2
+"""
+SLOWEST = 8
+
+Span = tuple[float, float]  # (Unix time it started, seconds it took)
+
 
 def fate(n: int) -> str:
     return "dead" if n % 100 == 0 else "retry" if n % 25 == 0 else "ok"
@@ -122,20 +137,20 @@ async def worker(queue: str, database_url: str, concurrency: int) -> AsyncIterat
         await process.wait()
 
 
-async def prune_on_schedule(database_url: str, stop: asyncio.Event) -> list[float]:
-    """``ledger prune --older-than 30d`` every PRUNE_EVERY seconds; how long each took."""
-    took: list[float] = []
+async def prune_on_schedule(database_url: str, stop: asyncio.Event) -> list[Span]:
+    """``ledger prune --older-than 30d`` every PRUNE_EVERY seconds; when each ran."""
+    took: list[Span] = []
     env = {**os.environ, "RABBITRETRY_DATABASE_URL": database_url}
     while not stop.is_set():
-        started = time.monotonic()
+        began, started = time.time(), time.monotonic()
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "rabbitretry", "ledger", "prune", "--older-than", "30d",
             env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
         await process.wait()
-        took.append(time.monotonic() - started)
+        took.append((began, time.monotonic() - started))
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), max(0.0, PRUNE_EVERY - took[-1]))
+            await asyncio.wait_for(stop.wait(), max(0.0, PRUNE_EVERY - took[-1][1]))
     return took
 
 
@@ -162,10 +177,10 @@ async def sample_tables(database_url: str, stop: asyncio.Event) -> list[dict[str
     return samples
 
 
-async def vacuum_if_autovacuum_is_off(database_url: str, stop: asyncio.Event) -> list[float]:
+async def vacuum_if_autovacuum_is_off(database_url: str, stop: asyncio.Event) -> list[Span]:
     """Stand in for autovacuum when the server has it off: VACUUM the ledger tables every
-    SAMPLE_EVERY seconds; how long each took (none when autovacuum is on)."""
-    took: list[float] = []
+    SAMPLE_EVERY seconds; when each ran (none when autovacuum is on)."""
+    took: list[Span] = []
     conn = await asyncpg.connect(database_url)
     try:
         if await conn.fetchval("SHOW autovacuum") == "on":
@@ -173,9 +188,9 @@ async def vacuum_if_autovacuum_is_off(database_url: str, stop: asyncio.Event) ->
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), SAMPLE_EVERY)
-            started = time.monotonic()
+            began, started = time.time(), time.monotonic()
             await conn.execute("VACUUM (ANALYZE) rabbitretry.ledger, rabbitretry.attempt")
-            took.append(time.monotonic() - started)
+            took.append((began, time.monotonic() - started))
     finally:
         await conn.close()
     return took
@@ -203,6 +218,7 @@ async def run(minutes: float, rate: float, concurrency: int) -> dict[str, Any]:
             conn = await asyncpg.connect(database_url)
             try:
                 per_minute = [dict(r) for r in await conn.fetch(MINUTES, queue)]
+                slowest = [dict(r) for r in await conn.fetch(SLOWEST_SECONDS, queue, SLOWEST)]
             finally:
                 await conn.close()
         finally:
@@ -211,7 +227,8 @@ async def run(minutes: float, rate: float, concurrency: int) -> dict[str, Any]:
             await connection.close()
     return {
         "minutes": minutes, "rate": rate, "concurrency": concurrency, "sent": sent,
-        "prunes_s": prunes, "vacuums_s": vacuums, "samples": samples, "per_minute": per_minute,
+        "prunes": prunes, "vacuums": vacuums, "samples": samples, "per_minute": per_minute,
+        "slowest": slowest,
     }  # fmt: skip
 
 
@@ -227,6 +244,29 @@ def comparison(found: dict[str, Any]) -> dict[str, float]:
         "p99": statistics.median(m["p99_ms"] for m in last)
         / statistics.median(m["p99_ms"] for m in first),
     }
+
+
+def running_at(at: float, spans: list[Span], margin: float = 1.0) -> bool:
+    """Whether one of ``spans`` ran during the second that starts at ``at`` (give or take
+    ``margin`` seconds: a stall is seen when the messages it held finish)."""
+    return any(began - margin <= at + 1 and at <= began + took + margin for began, took in spans)
+
+
+def slowest_seconds(found: dict[str, Any]) -> list[str]:
+    """The slowest seconds of the run, each with what else was running then."""
+    if not found["slowest"]:
+        return []
+    first = found["per_minute"][0]["minute"].timestamp()  # the run's first minute
+    out = ["", "| second of the run | slowest success (ms) | vacuum running | prune running |"]
+    out.append("|---:|---:|---|---|")
+    for second in found["slowest"]:
+        at = second["at"]
+        out.append(
+            f"| {at - first:,.0f} | {second['worst_ms']:,.0f} | "
+            f"{'yes' if running_at(at, found['vacuums']) else 'no'} | "
+            f"{'yes' if running_at(at, found['prunes']) else 'no'} |"
+        )
+    return out
 
 
 def lines(found: dict[str, Any]) -> list[str]:
@@ -247,14 +287,16 @@ def lines(found: dict[str, Any]) -> list[str]:
     out += [
         "",
         f"sent {found['sent']:,} at {found['rate']:,.0f}/s over {found['minutes']:g} min; "
-        f"prunes took {', '.join(f'{p:.0f} s' for p in found['prunes_s'])}",
+        f"prunes took {', '.join(f'{took:.0f} s' for _, took in found['prunes'])}",
     ]
-    if found["vacuums_s"]:
+    if found["vacuums"]:
         out.append(
             f"autovacuum is off on this server: the run vacuumed the ledger tables "
-            f"{len(found['vacuums_s'])} times itself, "
-            f"{max(found['vacuums_s']):.1f} s at the longest (the autovacuums column stays 0)"
+            f"{len(found['vacuums'])} times itself, "
+            f"{max(took for _, took in found['vacuums']):.1f} s at the longest "
+            "(the autovacuums column stays 0)"
         )
+    out += slowest_seconds(found)
     if ratio:
         out.append(
             f"last {WINDOW} min / first {WINDOW} min: rate {ratio['rate']:.2f}, "
