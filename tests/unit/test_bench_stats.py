@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from bench import costs, report, stats
+from bench.sustained import running_at
 
 RATES = {
     "A": {"1": 3000.0, "8": 6000.0, "32": 9000.0},
@@ -242,3 +243,13 @@ def test_a_big_ledger_reads_as_three_lines() -> None:
     assert lines[0].startswith("10,000,000 finished rows loaded in 150 s, 498 bytes")
     assert "loaded / empty: 1.00 (rounds 950-1,050 against 900-1,100 msgs/s)" in lines[1]
     assert "while pruning / loaded: 0.85 (2 runs, 800-900 msgs/s)" in lines[2]
+
+
+def test_a_slow_second_is_set_beside_what_ran_then() -> None:
+    vacuums = [(100.0, 4.0)]  # ran from 100 s to 104 s
+    assert running_at(101.0, vacuums)
+    assert running_at(104.5, vacuums)  # a stall shows when the messages it held finish
+    assert running_at(98.5, vacuums)  # the second 98.5-99.5 ends within the margin
+    assert not running_at(106.0, vacuums)
+    assert not running_at(97.0, vacuums)
+    assert not running_at(101.0, [])
