@@ -27,9 +27,10 @@ RETURNING 1;
 -- name: finish_attempt
 -- Closes attempt $3 of a key as succeeded, dead or skipped: the ledger row says so, and a dead
 -- or skipped attempt is appended to the attempt log in the same statement (a success is the
--- ledger row alone). No row returned means the attempt had lost its lease to another one. $10: keep
--- the snapshot of a succeeded message (its consumer's keep_payload = "always"); without it,
--- of the properties only the publish time stays (what `rabbitretry status` measures from).
+-- ledger row alone). No row returned means the attempt had lost its lease to another one.
+-- $10: keep the snapshot of a succeeded message (its consumer's keep_payload = "always");
+-- without it, of the properties only the publish time stays (what `rabbitretry status`
+-- measures from).
 WITH finished AS (
     UPDATE rabbitretry.ledger
     SET status = $4, reason = $5, error_type = $6, error_message = $7, error_traceback = $8,
