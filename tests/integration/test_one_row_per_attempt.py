@@ -17,6 +17,7 @@ from rabbitretry.ledger.statements import Key, Snapshot
 from tests.conftest import fresh_database
 
 SNAPSHOT = Snapshot(body=b"{}", headers={}, properties={}, exchange="", routing_key="q")
+# The claim of a 0017 ledger: it also opens the attempt's log row.
 OLD_CLAIM = (
     "SELECT * FROM rabbitretry.claim($1, $2, 3, $3, 'old-worker', 0, '', '{}', '{}', '', 'q')"
 )
@@ -106,9 +107,13 @@ async def test_an_upgrade_with_attempts_open_keeps_every_history_whole(
             " WHERE message_id = 'done'"
         )
         await conn.execute(OLD_CLAIM, "q", "running", 30.0)
-        await conn.execute(OLD_CLAIM, "q", "lost", 0.01)
+        await conn.execute(OLD_CLAIM, "q", "lost", 30.0)
         await conn.execute(
             "UPDATE rabbitretry.attempt SET handler_started_at = now() WHERE message_id = 'lost'"
+        )
+        await conn.execute(  # its worker died, and its lease has run out since
+            "UPDATE rabbitretry.ledger SET lease_until = now() - interval '1 second'"
+            " WHERE message_id = 'lost'"
         )
         assert await migrations.migrate(conn) == ["0018_one_row_per_attempt"]
 
