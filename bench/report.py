@@ -220,6 +220,16 @@ def with_results(document: str, results: Mapping[str, Any]) -> str:
     return document.rstrip("\n") + "\n\n" + section + "\n"
 
 
+def _forms(found: Mapping[str, Any]) -> str:
+    """What a message takes in each form, where the run measured it."""
+    if "bytes_per_compacted_key" not in found:
+        return " (ledger and attempt log, indexes)"
+    return (
+        f" ({found['bytes_per_whole_row']:.0f} as a ledger row, "
+        f"{found['bytes_per_compacted_key']:.0f} compacted; indexes included)"
+    )
+
+
 def big_ledger_summary(found: Mapping[str, Any]) -> list[str]:
     """bench.big_ledger's figures, a line each."""
     concurrency = found.get("concurrency", 8)
@@ -227,7 +237,7 @@ def big_ledger_summary(found: Mapping[str, Any]) -> list[str]:
     empty = statistics.median(found["empty"])
     lines = [
         f"{found['rows']:,} finished rows loaded in {found['load_seconds']:.0f} s, "
-        f"{found['bytes_per_row']:.0f} bytes a message (ledger and attempt log, indexes)",
+        f"{found['bytes_per_row']:.0f} bytes a message{_forms(found)}",
         f"C({concurrency}) loaded / empty: {loaded / empty:.2f} "
         f"(rounds {min(found['loaded']):,.0f}-{max(found['loaded']):,.0f} against "
         f"{min(found['empty']):,.0f}-{max(found['empty']):,.0f} msgs/s)",

@@ -57,6 +57,17 @@ ORDER BY relname
 # Checkpoints of the whole server so far (each one's fsyncs slow every commit a moment, and the
 # pages first written after it go to the WAL whole).
 CHECKPOINTS = "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+# When the latest checkpoint began: the commits right after it write whole pages to the WAL.
+CHECKPOINT_BEGAN = "SELECT extract(epoch FROM checkpoint_time)::float8 FROM pg_control_checkpoint()"
+
+# Autovacuum's pace, for the run's own VACUUM: a manual VACUUM is not throttled by default
+# (vacuum_cost_delay 0), autovacuum sleeps autovacuum_vacuum_cost_delay every cost limit.
+AS_AUTOVACUUM = """
+SELECT set_config('vacuum_cost_delay', current_setting('autovacuum_vacuum_cost_delay'), false),
+       set_config('vacuum_cost_limit', CASE current_setting('autovacuum_vacuum_cost_limit')
+           WHEN '-1' THEN current_setting('vacuum_cost_limit')
+           ELSE current_setting('autovacuum_vacuum_cost_limit') END, false)
+"""
 
 # By the minute a message finished: how many succeeded, and the p99 in ms from publication (in
 # its message_id, nanoseconds) to success, first attempts only.
@@ -163,11 +174,13 @@ async def sample_tables(database_url: str, stop: asyncio.Event) -> list[dict[str
             rows = await conn.fetch(TABLES)
             tables = {r["table"]: {k: v for k, v in r.items() if k != "table"} for r in rows}
             checkpoints = await conn.fetchval(CHECKPOINTS)
+            began = await conn.fetchval(CHECKPOINT_BEGAN)
             samples.append(
                 {
                     "minute": round((time.monotonic() - started) / 60),
                     "tables": tables,
                     "checkpoints": checkpoints,
+                    "checkpoint_began": began,
                 }
             )
             with contextlib.suppress(TimeoutError):
@@ -179,12 +192,13 @@ async def sample_tables(database_url: str, stop: asyncio.Event) -> list[dict[str
 
 async def vacuum_if_autovacuum_is_off(database_url: str, stop: asyncio.Event) -> list[Span]:
     """Stand in for autovacuum when the server has it off: VACUUM the ledger tables every
-    SAMPLE_EVERY seconds; when each ran (none when autovacuum is on)."""
+    SAMPLE_EVERY seconds, at autovacuum's pace; when each ran (none when autovacuum is on)."""
     took: list[Span] = []
     conn = await asyncpg.connect(database_url)
     try:
         if await conn.fetchval("SHOW autovacuum") == "on":
             return took
+        await conn.execute(AS_AUTOVACUUM)
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), SAMPLE_EVERY)
@@ -252,19 +266,33 @@ def running_at(at: float, spans: list[Span], margin: float = 1.0) -> bool:
     return any(began - margin <= at + 1 and at <= began + took + margin for began, took in spans)
 
 
+def since_checkpoint(at: float, began: list[float]) -> float | None:
+    """Seconds from the latest checkpoint that began before ``at`` (None: none known; a
+    checkpoint shows only once it has ended)."""
+    earlier = [b for b in began if b <= at]
+    return at - max(earlier) if earlier else None
+
+
 def slowest_seconds(found: dict[str, Any]) -> list[str]:
     """The slowest seconds of the run, each with what else was running then."""
     if not found["slowest"]:
         return []
     first = found["per_minute"][0]["minute"].timestamp()  # the run's first minute
-    out = ["", "| second of the run | slowest success (ms) | vacuum running | prune running |"]
-    out.append("|---:|---:|---|---|")
+    checkpoints = sorted({s["checkpoint_began"] for s in found["samples"]})
+    out = [
+        "",
+        "| second of the run | slowest success (ms) | vacuum running | prune running "
+        "| since a checkpoint began (s) |",
+        "|---:|---:|---|---|---:|",
+    ]
     for second in found["slowest"]:
         at = second["at"]
+        since = since_checkpoint(at, checkpoints)
         out.append(
             f"| {at - first:,.0f} | {second['worst_ms']:,.0f} | "
             f"{'yes' if running_at(at, found['vacuums']) else 'no'} | "
-            f"{'yes' if running_at(at, found['prunes']) else 'no'} |"
+            f"{'yes' if running_at(at, found['prunes']) else 'no'} | "
+            f"{'' if since is None else f'{since:,.0f}'} |"
         )
     return out
 

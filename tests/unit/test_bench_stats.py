@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from bench import costs, report, stats
-from bench.sustained import running_at
+from bench.sustained import running_at, since_checkpoint
 
 RATES = {
     "A": {"1": 3000.0, "8": 6000.0, "32": 9000.0},
@@ -245,6 +245,14 @@ def test_a_big_ledger_reads_as_three_lines() -> None:
     assert "while pruning / loaded: 0.85 (2 runs, 800-900 msgs/s)" in lines[2]
 
 
+def test_a_big_ledger_says_what_each_form_of_a_message_takes() -> None:
+    found = {**BIG, "bytes_per_whole_row": 276.0, "bytes_per_compacted_key": 101.4}
+    assert (
+        "498 bytes a message (276 as a ledger row, 101 compacted; indexes included)"
+        in (report.big_ledger_summary(found)[0])
+    )
+
+
 def test_a_slow_second_is_set_beside_what_ran_then() -> None:
     vacuums = [(100.0, 4.0)]  # ran from 100 s to 104 s
     assert running_at(101.0, vacuums)
@@ -253,3 +261,10 @@ def test_a_slow_second_is_set_beside_what_ran_then() -> None:
     assert not running_at(106.0, vacuums)
     assert not running_at(97.0, vacuums)
     assert not running_at(101.0, [])
+
+
+def test_a_slow_second_is_timed_from_the_checkpoint_before_it() -> None:
+    began = [100.0, 400.0]
+    assert since_checkpoint(130.0, began) == 30.0
+    assert since_checkpoint(401.0, began) == 1.0
+    assert since_checkpoint(99.0, began) is None  # before any checkpoint the run saw
