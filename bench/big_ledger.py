@@ -5,11 +5,13 @@ on an empty one, and C while ``rabbitretry ledger prune`` deletes them.
 
     python -m bench.big_ledger --rows 10000000 --messages 8000 --repeats 3
 
-The rows are what a succeeded message leaves (its ledger row, without its snapshot), spread over
-queues and over the 31st to the 40th day before the run, so that a prune with the default
-30-day window deletes all of them. C runs at concurrency 8 with a queue of its own; the prune runs
-in a process of its own, as cron would start it. Rates are medians of alternating rounds
-(empty, loaded) so that a noisy minute hits both.
+The rows are what succeeded messages leave in a ledger pruned with the defaults (a 30-day window,
+compaction after 7 days): 23 in 30 as compacted keys (``rabbitretry.succeeded_key``), the others
+as ledger rows without their snapshot, spread over queues and over the 31st to the 40th day
+before the run, so that a prune with the default 30-day window deletes all of them. C runs at
+concurrency 8 with a queue of its own; the prune runs in a process of its own, as cron would
+start it. Rates are medians of alternating rounds (empty, loaded) so that a noisy minute hits
+both.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from rabbitretry.ledger.retention import REST
 CONCURRENCY = 8
 QUEUES = 4
 CHUNK = 500_000  # rows per load statement: a transaction of seconds, not minutes
+# The share of a 30-day ledger that is compacted (successes older than 7 days) at the defaults.
+COMPACTED = 23 / 30
 
 LOAD = """
 INSERT INTO rabbitretry.ledger (queue, message_id, status, attempts, max_attempts,
@@ -43,36 +47,67 @@ FROM generate_series($1::bigint, $2::bigint - 1) AS n,
      LATERAL (SELECT now() - make_interval(secs => 86400 * ($5 + $6 * (1 - n::float8 / $4))))
          AS t(at)
 """
+# The same messages, compacted (the oldest of a ledger are).
+LOAD_COMPACTED = """
+INSERT INTO rabbitretry.succeeded_key (key_hash, finished_at, attempts)
+SELECT rabbitretry.key_hash('history-' || (n % $3), 'order-' || n), at, 1
+FROM generate_series($1::bigint, $2::bigint - 1) AS n,
+     LATERAL (SELECT now() - make_interval(secs => 86400 * ($5 + $6 * (1 - n::float8 / $4))))
+         AS t(at)
+"""
 
 
-async def load(database_url: str, rows: int, youngest: float = 31, spread: float = 9) -> float:
+async def load(
+    database_url: str,
+    rows: int,
+    youngest: float = 31,
+    spread: float = 9,
+    compacted: float = COMPACTED,
+) -> float:
     """Fill the ledger with ``rows`` finished messages, which ended from ``youngest`` to
-    ``youngest + spread`` days ago, oldest first (as a ledger fills); seconds it took."""
+    ``youngest + spread`` days ago, oldest first (as a ledger fills), the oldest ``compacted``
+    share of them compacted; seconds it took."""
     started = time.monotonic()
     conn = await asyncpg.connect(database_url)
     try:
         for low in range(0, rows, CHUNK):
             high = min(low + CHUNK, rows)
-            await conn.execute(LOAD, low, high, QUEUES, rows, youngest, spread)
+            split = min(max(int(rows * compacted), low), high)
+            if split > low:
+                await conn.execute(LOAD_COMPACTED, low, split, QUEUES, rows, youngest, spread)
+            if high > split:
+                await conn.execute(LOAD, split, high, QUEUES, rows, youngest, spread)
             print(f"  loaded {high:,} of {rows:,} rows", flush=True)
-        await conn.execute("VACUUM ANALYZE rabbitretry.ledger")
-        await conn.execute("VACUUM ANALYZE rabbitretry.attempt")
+        for table in ("ledger", "attempt", "succeeded_key"):
+            await conn.execute(f"VACUUM ANALYZE rabbitretry.{table}")
     finally:
         await conn.close()
     return time.monotonic() - started
 
 
-async def size(database_url: str) -> int:
+SIZES = """
+SELECT pg_total_relation_size('rabbitretry.ledger')
+       + pg_total_relation_size('rabbitretry.attempt') AS whole,
+       (SELECT count(*) FROM rabbitretry.ledger) AS rows,
+       pg_total_relation_size('rabbitretry.succeeded_key') AS compacted,
+       (SELECT count(*) FROM rabbitretry.succeeded_key) AS keys
+"""
+
+
+async def sizes(database_url: str) -> dict[str, float]:
+    """Bytes per message, indexes included: in all, as a whole ledger row, as a compacted key."""
     conn = await asyncpg.connect(database_url)
     try:
-        return int(
-            await conn.fetchval(
-                "SELECT pg_total_relation_size('rabbitretry.ledger')"
-                " + pg_total_relation_size('rabbitretry.attempt')"
-            )
-        )
+        found = await conn.fetchrow(SIZES)
     finally:
         await conn.close()
+    assert found is not None
+    return {
+        "bytes_per_row": (found["whole"] + found["compacted"])
+        / max(1, found["rows"] + found["keys"]),
+        "bytes_per_whole_row": found["whole"] / max(1, found["rows"]),
+        "bytes_per_compacted_key": found["compacted"] / max(1, found["keys"]),
+    }
 
 
 async def rate(database_url: str, messages: int) -> float:
@@ -116,7 +151,7 @@ async def run(rows: int, messages: int, repeats: int, rest: float = REST) -> dic
             "concurrency": CONCURRENCY,
             "rest": rest,
         }
-        found["bytes_per_row"] = await size(loaded) / rows
+        found.update(await sizes(loaded))
         empty_rates, loaded_rates = [], []
         for _ in range(repeats):
             empty_rates.append(await rate(empty, messages))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 import typer
@@ -32,8 +32,12 @@ app = typer.Typer(help="Inspect the ledger.", no_args_is_help=True)
 async def stats(as_json: JsonOption = False, database: DatabaseOption = None) -> None:
     """Messages per queue and status, with their attempts and the oldest.
 
+    Succeeded messages compacted by `ledger prune` keep no queue: they are counted on a line
+    of their own (status "succeeded, compacted", oldest: when the oldest finished).
+
     With --json: an array of {queue, status, messages, attempts, oldest} (oldest: when the
-    oldest was first seen, ISO 8601), [] when the ledger is empty.
+    oldest was first seen, ISO 8601; queue null for the compacted line), [] when the ledger is
+    empty.
     """
     pool = await db.create_pool(settings().database(database), min_size=1, max_size=1)
     try:
@@ -51,7 +55,7 @@ async def stats(as_json: JsonOption = False, database: DatabaseOption = None) ->
         table.add_column(column, justify="right" if column in ("messages", "attempts") else "left")
     for row in rows:
         table.add_row(
-            literal(row["queue"]),
+            "(compacted: queue not kept)" if row["queue"] is None else literal(row["queue"]),
             row["status"],
             str(row["messages"]),
             str(row["attempts"]),
@@ -71,6 +75,17 @@ async def prune(
             "(hours), d (days) or w (weeks), such as 72h, 30d or 2w; at least 3d (72h).",
         ),
     ] = "30d",
+    compact_after: Annotated[
+        str | None,
+        typer.Option(
+            "--compact-after",
+            help="Compact succeeded messages that finished longer ago than this (at least 1d, "
+            "shorter than --older-than): each keeps only its key's hash, when it finished and "
+            "its attempts, enough to drop a late duplicate; 'off' keeps them whole. Default: "
+            f"{retention.COMPACT_AFTER.days}d, or off when --older-than is no longer.",
+            show_default=False,
+        ),
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Count what would be removed; remove nothing.")
     ] = False,
@@ -88,32 +103,66 @@ async def prune(
     database: DatabaseOption = None,
 ) -> None:
     """Remove finished messages (succeeded, skipped, ignored), sent outbox rows, sent alerts and
-    callback receipts.
+    callback receipts, and compact the succeeded messages past --compact-after.
 
     Dead letters and messages in flight are never removed. A duplicate of a pruned message
-    would run again, so keep the window longer than any redelivery or replay you expect.
+    would run again, so keep the window longer than any redelivery or replay you expect. A
+    compacted message still drops its duplicates, but its message id, its attempts' history
+    and its snapshot are gone: `ledger stats` counts it, no listing shows it.
     """
     window = parse_duration(older_than)
     try:
         retention.check_window(window)
     except ValueError as error:
         raise UserError(f"--older-than {older_than} is too short: {error}") from None
-    before = datetime.now(UTC) - window
+    now = datetime.now(UTC)
+    before = now - window
+    compaction = _compaction(compact_after, window)
+    compact_before = None if compaction is None else now - compaction
     pool = await db.create_pool(settings().database(database), min_size=1, max_size=1)
     try:
         if dry_run:
-            found = await retention.prunable(pool, before)
+            found = await retention.prunable(pool, before, compact_before)
             out.print(
-                f"dry run: would remove {found.ledger} ledger row(s), {found.outbox} sent "
-                f"outbox row(s), {found.alerts} sent alert(s) and {found.callback_receipts} "
-                f"callback receipt(s) from before {before:%Y-%m-%d %H:%M %Z}"
+                f"dry run: would {_summary(found, before, compact_before, ('remove', 'compact'))}"
             )
             return
-        pruned = await retention.prune(pool, before, rest=rest)
+        pruned = await retention.prune(pool, before, compact_before=compact_before, rest=rest)
     finally:
         await pool.close()
-    out.print(
-        f"removed {pruned.ledger} ledger row(s), {pruned.outbox} sent outbox row(s), "
-        f"{pruned.alerts} sent alert(s) and {pruned.callback_receipts} callback receipt(s) "
-        f"from before {before:%Y-%m-%d %H:%M %Z}; dead letters are kept"
+    summary = _summary(pruned, before, compact_before, ("removed", "compacted"))
+    out.print(f"{summary}; dead letters are kept")
+
+
+def _compaction(given: str | None, window: timedelta) -> timedelta | None:
+    """How old a success must be to be compacted; None: compaction off."""
+    if given is None:  # the default, unless the retention window is no longer than it
+        return retention.COMPACT_AFTER if window > retention.COMPACT_AFTER else None
+    if given.strip().lower() == "off":
+        return None
+    compaction = parse_duration(given)
+    try:
+        retention.check_compaction(compaction, window)
+    except ValueError as error:
+        raise UserError(f"--compact-after {given}: {error}") from None
+    return compaction
+
+
+def _summary(
+    counts: retention.Pruned,
+    before: datetime,
+    compact_before: datetime | None,
+    verbs: tuple[str, str],
+) -> str:
+    removed, compacted = verbs
+    text = (
+        f"{removed} {counts.ledger} ledger row(s), {counts.succeeded_keys} compacted key(s), "
+        f"{counts.outbox} sent outbox row(s), {counts.alerts} sent alert(s) and "
+        f"{counts.callback_receipts} callback receipt(s) from before {before:%Y-%m-%d %H:%M %Z}"
+    )
+    if compact_before is None:
+        return f"{text}; compaction off"
+    return (
+        f"{text}; {compacted} {counts.compacted} succeeded message(s) from before "
+        f"{compact_before:%Y-%m-%d %H:%M %Z}"
     )

@@ -6,7 +6,9 @@
 -- large the ledger. Skipped and ignored rows, few and written once, have an index of their own
 -- (ledger_set_aside_idx); the other tables are small. Each DELETE checks a row's status and end
 -- again: a row chosen for deletion that changed meanwhile (an operator's undo of an ignore
--- made it dead again) is left alone.
+-- made it dead again) is left alone. Succeeded rows younger than the window but past the
+-- compaction window are moved to rabbitretry.succeeded_key (their key's hash, end and attempts),
+-- the same way, batch by batch.
 
 -- name: ledger_queues
 -- Every queue of the ledger, read from its primary key by skipping from one queue to the next.
@@ -32,6 +34,44 @@ WITH doomed AS (
     WHERE l.queue = d.queue AND l.message_id = d.message_id
       AND l.status = 'succeeded' AND l.finished_at < $2
     RETURNING d.finished_at
+)
+SELECT count(*)::int AS deleted, max(finished_at) AS last FROM deleted;
+
+-- name: compact_succeeded
+-- One batch of queue $1's succeeded rows that ended before $2, from $4 on, oldest first, moved
+-- to rabbitretry.succeeded_key: how many, and when the last of them ended. Their attempt rows
+-- go with them (ON DELETE CASCADE). Rows that keep their snapshot (keep_payload = "always")
+-- stay whole.
+WITH chosen AS (
+    SELECT queue, message_id FROM rabbitretry.ledger
+    WHERE queue = $1 AND status = 'succeeded' AND finished_at >= $4 AND finished_at < $2
+      AND payload IS NULL
+    ORDER BY finished_at
+    LIMIT $3
+), moved AS (
+    DELETE FROM rabbitretry.ledger l USING chosen c
+    WHERE l.queue = c.queue AND l.message_id = c.message_id
+      AND l.status = 'succeeded' AND l.finished_at < $2 AND l.payload IS NULL
+    RETURNING l.queue, l.message_id, l.finished_at, l.attempts
+), kept AS (
+    INSERT INTO rabbitretry.succeeded_key (key_hash, finished_at, attempts)
+    SELECT rabbitretry.key_hash(queue, message_id), finished_at, attempts FROM moved
+    ON CONFLICT (key_hash) DO NOTHING
+)
+SELECT count(*)::int AS deleted, max(finished_at) AS last FROM moved;
+
+-- name: prune_succeeded_keys
+-- One batch of compacted keys that ended before $1, from $3 on, oldest first: how many went,
+-- and when the last of them ended.
+WITH doomed AS (
+    SELECT key_hash FROM rabbitretry.succeeded_key
+    WHERE finished_at >= $3 AND finished_at < $1
+    ORDER BY finished_at
+    LIMIT $2
+), deleted AS (
+    DELETE FROM rabbitretry.succeeded_key s USING doomed d
+    WHERE s.key_hash = d.key_hash
+    RETURNING s.finished_at
 )
 SELECT count(*)::int AS deleted, max(finished_at) AS last FROM deleted;
 
@@ -81,9 +121,15 @@ WITH doomed AS (
 SELECT count(*) FROM deleted;
 
 -- name: prunable
--- What a prune before $1 would remove, per table.
+-- What a prune before $1 would remove, per table, and what it would compact (succeeded before
+-- $2; NULL: nothing).
 SELECT 'ledger' AS what, count(*) AS rows FROM rabbitretry.ledger
 WHERE status IN ('succeeded', 'skipped', 'ignored') AND finished_at < $1
+UNION ALL
+SELECT 'succeeded_keys', count(*) FROM rabbitretry.succeeded_key WHERE finished_at < $1
+UNION ALL
+SELECT 'compacted', count(*) FROM rabbitretry.ledger
+WHERE status = 'succeeded' AND payload IS NULL AND finished_at >= $1 AND finished_at < $2
 UNION ALL
 SELECT 'outbox', count(*) FROM rabbitretry.outbox WHERE status = 'sent' AND sent_at < $1
 UNION ALL

@@ -1,5 +1,5 @@
 -- The ledger database of rabbitretry, whole: every table, index, constraint, function and
--- trigger of the schema `rabbitretry` as the migrations 0001 to 0018 leave it, in one file to
+-- trigger of the schema `rabbitretry` as the migrations 0001 to 0019 leave it, in one file to
 -- read (what is stored, and why) and to build an empty database from in one step:
 --
 --     psql --single-transaction -f rabbitretry/sql/schema.sql "$RABBITRETRY_DATABASE_URL"
@@ -194,6 +194,25 @@ BEGIN
 END;
 $$;
 
+-- Succeeded messages compacted after a window (`ledger prune --compact-after`): a 128-bit hash
+-- of the key, when it finished and how many attempts it took, enough for the claim to drop a
+-- late duplicate (migration 0019 says what is given up). The hash: the first 16 bytes of the
+-- SHA-256 of the queue's length, the queue and the message id (the length makes the split
+-- between the two unambiguous).
+CREATE FUNCTION rabbitretry.key_hash(p_queue text, p_message_id text) RETURNS uuid
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT encode(substr(sha256(convert_to(length(p_queue)::text || ':' || p_queue
+                                           || p_message_id, 'UTF8')), 1, 16), 'hex')::uuid
+$$;
+
+CREATE TABLE rabbitretry.succeeded_key (
+    key_hash    uuid        PRIMARY KEY,
+    finished_at timestamptz NOT NULL,
+    attempts    integer     NOT NULL
+);
+-- The prune takes old keys oldest first, batch by batch from where the last one ended.
+CREATE INDEX succeeded_key_finished_idx ON rabbitretry.succeeded_key (finished_at);
+
 -- Claim a delivery before its handler runs: one round trip, one transaction.
 --
 -- verdict   meaning                                               the worker then
@@ -222,6 +241,17 @@ BEGIN
             p_properties, p_exchange, p_routing_key, p_worker, now())
     ON CONFLICT (queue, message_id) DO NOTHING;
     IF FOUND THEN
+        -- A new row, unless the key was compacted: its duplicate is dropped. Looked up after
+        -- the insert, which waits for a compaction moving this key (its row) to commit.
+        SELECT s.attempts INTO r.attempts FROM rabbitretry.succeeded_key s
+        WHERE s.key_hash = rabbitretry.key_hash(p_queue, p_message_id);
+        IF FOUND THEN
+            DELETE FROM rabbitretry.ledger l
+            WHERE l.queue = p_queue AND l.message_id = p_message_id;
+            RETURN QUERY SELECT 'finished'::text, r.attempts, r.attempts, 0::float8,
+                                'succeeded'::text;
+            RETURN;
+        END IF;
         RETURN QUERY SELECT 'claimed'::text, 1, 1, 0::float8, 'processing'::text;
         RETURN;
     END IF;
@@ -770,7 +800,7 @@ CREATE TRIGGER ledger_recover_on_dead
 -- Migrations ---------------------------------------------------------------------------------
 
 -- The migrations applied (rabbitretry.db.migrate writes a row per migration); these rows say
--- that this schema stands for migrations 0001 to 0018.
+-- that this schema stands for migrations 0001 to 0019.
 CREATE TABLE rabbitretry.schema_migration (
     version     integer     PRIMARY KEY,
     name        text        NOT NULL,
@@ -794,4 +824,5 @@ INSERT INTO rabbitretry.schema_migration (version, name) VALUES
     (15, 'online_indexes'),
     (16, 'unstarted_deaths'),
     (17, 'late_start_marks'),
-    (18, 'one_row_per_attempt');
+    (18, 'one_row_per_attempt'),
+    (19, 'compacted_succeeded_keys');

@@ -137,12 +137,14 @@ RETURNING 1;
 
 -- name: record_rejected
 -- A delivery refused before any attempt (no message_id, too large): stored dead. A replayed
--- copy refused again (its row is retrying) goes back to dead; any other existing row is left
--- alone and nothing is returned: the copy is a duplicate.
+-- copy refused again (its row is retrying) goes back to dead; any other existing row, or a
+-- compacted key, is left alone and nothing is returned: the copy is a duplicate.
 INSERT INTO rabbitretry.ledger AS l (queue, message_id, status, attempts, max_attempts, reason,
                                      error_type, error_message, error_fingerprint, finished_at,
                                      payload, headers, properties, exchange, routing_key)
-VALUES ($1, $2, 'dead', 0, $3, $4, $5, $6, $7, now(), $8, $9, $10, $11, $12)
+SELECT $1, $2, 'dead', 0, $3, $4, $5, $6, $7, now(), $8, $9, $10, $11, $12
+WHERE NOT EXISTS (SELECT FROM rabbitretry.succeeded_key
+                  WHERE key_hash = rabbitretry.key_hash($1, $2))
 ON CONFLICT (queue, message_id) DO UPDATE
 SET status = 'dead', reason = excluded.reason, error_type = excluded.error_type,
     error_message = excluded.error_message, error_fingerprint = excluded.error_fingerprint,
@@ -154,6 +156,12 @@ RETURNING 1;
 SELECT * FROM rabbitretry.ledger WHERE queue = $1 AND message_id = $2;
 
 -- name: ledger_stats
+-- Per queue and status; compacted keys, whose queue is not kept, on a line of their own
+-- (queue NULL; oldest: when the oldest finished).
 SELECT queue, status, count(*) AS messages, sum(attempts) AS attempts,
        min(first_seen) AS oldest
-FROM rabbitretry.ledger GROUP BY queue, status ORDER BY queue, status;
+FROM rabbitretry.ledger GROUP BY queue, status
+UNION ALL
+SELECT NULL, 'succeeded, compacted', count(*), sum(attempts), min(finished_at)
+FROM rabbitretry.succeeded_key HAVING count(*) > 0
+ORDER BY queue NULLS LAST, status;

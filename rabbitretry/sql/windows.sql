@@ -3,9 +3,14 @@
 -- republishing one missing key. Its ledger writes are in repairs.sql.
 
 -- name: reconcile_key_statuses
--- The ledger status of each of the keys $2 in queue $1 (keys never seen have no row).
+-- The ledger status of each of the keys $2 in queue $1 (keys never seen have no row); a
+-- compacted key is succeeded.
 SELECT message_id, status FROM rabbitretry.ledger
-WHERE queue = $1 AND message_id = ANY($2::text[]);
+WHERE queue = $1 AND message_id = ANY($2::text[])
+UNION ALL
+SELECT k.message_id, 'succeeded'
+FROM unnest($2::text[]) AS k (message_id)
+JOIN rabbitretry.succeeded_key s ON s.key_hash = rabbitretry.key_hash($1, k.message_id);
 
 -- name: reconcile_orphans
 -- Keys of queue $1 that succeeded in [$2, $3) but are not among the expected keys $4: how
