@@ -123,15 +123,12 @@ async def prune(
     try:
         if dry_run:
             found = await retention.prunable(pool, before, compact_before)
-            out.print(
-                f"dry run: would {_summary(found, before, compact_before, ('remove', 'compact'))}"
-            )
+            out.print("dry run: would " + _summary(found, before, compact_before, DRY_RUN))
             return
         pruned = await retention.prune(pool, before, compact_before=compact_before, rest=rest)
     finally:
         await pool.close()
-    summary = _summary(pruned, before, compact_before, ("removed", "compacted"))
-    out.print(f"{summary}; dead letters are kept")
+    out.print(_summary(pruned, before, compact_before, DONE))
 
 
 def _compaction(given: str | None, window: timedelta) -> timedelta | None:
@@ -148,21 +145,27 @@ def _compaction(given: str | None, window: timedelta) -> timedelta | None:
     return compaction
 
 
+DRY_RUN = ("remove", "compact", "")
+DONE = ("removed", "compacted", "; dead letters are kept")
+
+
 def _summary(
     counts: retention.Pruned,
     before: datetime,
     compact_before: datetime | None,
-    verbs: tuple[str, str],
+    words: tuple[str, str, str],
 ) -> str:
-    removed, compacted = verbs
-    text = (
-        f"{removed} {counts.ledger} ledger row(s), {counts.succeeded_keys} compacted key(s), "
-        f"{counts.outbox} sent outbox row(s), {counts.alerts} sent alert(s) and "
-        f"{counts.callback_receipts} callback receipt(s) from before {before:%Y-%m-%d %H:%M %Z}"
+    """What went (or would go), a line for the removals and one for the compaction."""
+    removed, compacted, coda = words
+    removals = (
+        f"{removed} {counts.ledger} ledger row(s), {counts.succeeded_keys} expired compacted "
+        f"key(s), {counts.outbox} sent outbox row(s), {counts.alerts} sent alert(s) and "
+        f"{counts.callback_receipts} callback receipt(s) from before "
+        f"{before:%Y-%m-%d %H:%M %Z}{coda}"
     )
     if compact_before is None:
-        return f"{text}; compaction off"
+        return f"{removals}\ncompaction off"
     return (
-        f"{text}; {compacted} {counts.compacted} succeeded message(s) from before "
+        f"{removals}\n{compacted} {counts.compacted} succeeded message(s) from before "
         f"{compact_before:%Y-%m-%d %H:%M %Z}"
     )

@@ -6,7 +6,7 @@ its row was pruned runs again. So the window must be longer than any redelivery,
 reconciliation window, and rows that still matter to people are never removed: dead letters
 stay until someone replays or ignores them, and rows in flight stay until they finish.
 
-Compaction keeps the deduplication whole at a third of the size: a succeeded message past the
+Compaction keeps the deduplication whole at less than half the size: a succeeded message past the
 compaction window leaves the ledger for ``rabbitretry.succeeded_key`` (its key's hash, when it
 finished, its attempts), and the claim drops a duplicate of such a key as it would one of a
 ledger row. The message id, its attempt history and its listing by queue go.
@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from rabbitretry import db
 from rabbitretry.db import Pool, Record, query
 
 # Shorter windows would forget keys whose duplicates can still arrive: a copy parked in the
@@ -32,6 +33,7 @@ BATCH = 5_000  # rows per statement: short transactions, no long locks on a busy
 # batch is pure CPU, and on a saturated two-core machine a rest of 1 cost the workers a quarter
 # of their rate, 4 a twentieth (docs/benchmarks.md, "Ten million rows").
 REST = 4.0
+RACE_TRIES = 3  # a batch that loses a deadlock to a worker is taken again, up to this often
 # Compact succeeded messages after this long by default: well past a reconciliation's look-back
 # (its orphan check lists succeeded keys by queue, which a compacted key cannot give) and the
 # days in which people look a message up.
@@ -96,10 +98,13 @@ async def prune(
     each batch it rests ``rest`` times as long as the batch took, so that the workers writing
     to the same database keep most of it (0: no rest)."""
     paced = _Paced(pool, batch, rest)
+    ledger = await paced.per_queue("prune_succeeded", before)
+    ledger += await paced.all(before, "prune_ledger")
+    succeeded_keys = await paced.oldest_first("prune_succeeded_keys", before)
+    await paced.all(before, "prune_compacted_queues")  # queues none of whose keys are left
     return Pruned(
-        ledger=await paced.per_queue("prune_succeeded", before)
-        + await paced.all(before, "prune_ledger"),
-        succeeded_keys=await paced.oldest_first("prune_succeeded_keys", before),
+        ledger=ledger,
+        succeeded_keys=succeeded_keys,
         outbox=await paced.all(before, "prune_outbox"),
         alerts=await paced.all(before, "prune_alerts"),
         callback_receipts=await paced.all(before, "prune_callback_receipts"),
@@ -124,16 +129,19 @@ class _Paced:
 
     async def oldest_first(self, statement: str, *args: object) -> int:
         """Batches of ``statement`` (``args``, then the batch size and where to start), each
-        from where the last one ended, until one falls short."""
+        from where the last one ended, until one takes fewer rows than a batch."""
         start = datetime.min.replace(tzinfo=UTC)
         total = 0
         while True:
             row = await self._batch(statement, *args, self.batch, start)
             deleted: int = row["deleted"]
             total += deleted
-            if deleted < self.batch:
+            if row["taken"] < self.batch:
                 return total
-            start = row["last"]
+            # A whole batch of rows it leaves (snapshots kept), all ended at one instant: step
+            # past that instant rather than take the same rows again.
+            stuck = deleted == 0 and row["last"] == start
+            start = row["last"] + timedelta(microseconds=1) if stuck else row["last"]
 
     async def all(self, before: datetime, statement: str) -> int:
         total = 0
@@ -144,7 +152,17 @@ class _Paced:
                 return total
 
     async def _batch(self, statement: str, *args: object) -> Record:
-        started = time.monotonic()
-        (row,) = await self.pool.fetch(query(statement), *args)
-        await asyncio.sleep((time.monotonic() - started) * self.rest)
-        return row
+        for tries in range(1, RACE_TRIES + 1):
+            started = time.monotonic()
+            row: Record | None = None
+            try:
+                (row,) = await self.pool.fetch(query(statement), *args)
+            except Exception as error:
+                # A batch locks its rows oldest first, the workers' groups theirs by key: a
+                # deadlock between them fails the batch, which is simply taken again.
+                if not db.is_lost_race(error) or tries == RACE_TRIES:
+                    raise
+            await asyncio.sleep((time.monotonic() - started) * self.rest)
+            if row is not None:
+                return row
+        raise AssertionError("a batch is returned or raised within RACE_TRIES")

@@ -34,6 +34,7 @@ from rabbitretry.operations.replay import (
 from rabbitretry.operations.selection import (
     STATUSES,
     Filter,
+    compacted,
     find,
     groups,
     history,
@@ -48,6 +49,7 @@ __all__ = [
     "Progress",
     "ReplayReport",
     "checked_payload",
+    "compacted",
     "edit_and_replay",
     "export",
     "export_line",

@@ -77,6 +77,12 @@ async def find(pool: Pool, message_id: str, queue: str | None = None) -> list[Re
     return list(await pool.fetch(query("find_entries"), message_id))
 
 
+async def compacted(pool: Pool, key: ledger.Key) -> Record | None:
+    """When ``key`` succeeded (``finished_at``) and its ``attempts``, if ``ledger prune``
+    compacted it: the ledger keeps nothing else of it."""
+    return await pool.fetchrow(query("compacted_key"), key.queue, key.message_id)
+
+
 async def history(pool: Pool, key: ledger.Key) -> tuple[list[Record], list[Record]]:
     """The attempts and the audit rows of one message, oldest first."""
     attempts = await pool.fetch(query("list_attempts"), key.queue, key.message_id)

@@ -2,8 +2,8 @@
 -- recording what it finds dead is dead_queue_record, in repairs.sql.
 
 -- name: dead_queue_ledger_queues
--- Every queue the ledger has a row for: a loose index scan over the primary key, one probe per
--- queue however many rows each holds.
+-- Every queue the ledger has a row for (a loose index scan over the primary key, one probe per
+-- queue however many rows each holds), or compacted keys of.
 WITH RECURSIVE queues (queue) AS (
     (SELECT queue FROM rabbitretry.ledger ORDER BY queue LIMIT 1)
     UNION ALL
@@ -12,4 +12,6 @@ WITH RECURSIVE queues (queue) AS (
     FROM queues q
     WHERE q.queue IS NOT NULL
 )
-SELECT queue FROM queues WHERE queue IS NOT NULL;
+SELECT queue FROM queues WHERE queue IS NOT NULL
+UNION
+SELECT queue FROM rabbitretry.compacted_queue;

@@ -77,6 +77,12 @@ LIMIT $8;
 -- All ledger rows with this message_id, in any queue.
 SELECT * FROM rabbitretry.ledger WHERE message_id = $1 ORDER BY queue;
 
+-- name: compacted_key
+-- When the compacted message (queue $1, message_id $2) succeeded, and its attempts; no row for
+-- a key that is not compacted.
+SELECT finished_at, attempts FROM rabbitretry.succeeded_key
+WHERE key_hash = rabbitretry.key_hash($1, $2);
+
 -- name: list_attempts
 SELECT * FROM rabbitretry.attempt_history WHERE queue = $1 AND message_id = $2 ORDER BY attempt;
 

@@ -63,27 +63,10 @@ WITH skipped AS (
 SELECT count(*)::int FROM closed;
 
 -- name: dead_queue_record
--- Messages taken off work queue $1's dead-letter queue, stored dead with reason $3 (also their
--- error type) and max_attempts $2, unless the ledger already has their key: any existing row,
--- terminal or still in flight, or a compacted key, is left exactly as it is (the ledger
--- decides). The keys inserted are returned. Two copies of one key in a batch make one row;
--- keys are inserted in order, so reconcilers recording overlapping batches at once cannot
--- deadlock. Every insert raises the dead-letter alert through the ledger_alert_on_dead trigger.
-INSERT INTO rabbitretry.ledger AS l (queue, message_id, status, attempts, max_attempts, reason,
-                                     error_type, error_message, error_fingerprint, finished_at,
-                                     payload, headers, properties, exchange, routing_key)
-SELECT DISTINCT ON (m.message_id)
-       $1, m.message_id, 'dead', 0, $2, $3, $3, m.error_message, m.fingerprint, now(),
-       m.payload, m.headers, m.properties, m.exchange, m.routing_key
-FROM unnest($4::text[], $5::bytea[], $6::jsonb[], $7::jsonb[], $8::text[], $9::text[],
-            $10::text[], $11::text[])
-     AS m (message_id, payload, headers, properties, exchange, routing_key, error_message,
-           fingerprint)
-WHERE NOT EXISTS (SELECT FROM rabbitretry.succeeded_key
-                  WHERE key_hash = rabbitretry.key_hash($1, m.message_id))
-ORDER BY m.message_id
-ON CONFLICT (queue, message_id) DO NOTHING
-RETURNING l.message_id;
+-- Messages taken off work queue $1's dead-letter queue, stored dead unless the ledger already
+-- has their key (rabbitretry.record_broker_dead); the keys inserted.
+SELECT message_id FROM rabbitretry.record_broker_dead($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
+                                                      $11) AS message_id;
 
 -- name: refuse_in_flight
 -- A message whose copies are refused before the claim ($3: the reason, e.g. too-large; $4-$6:

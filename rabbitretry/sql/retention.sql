@@ -22,8 +22,8 @@ SELECT queue FROM queues WHERE queue IS NOT NULL;
 
 -- name: prune_succeeded
 -- One batch of queue $1's succeeded rows that ended before $2, from $4 on (where the last
--- batch ended), oldest first: how many went, and when the last of them ended. Their attempt
--- rows go with them (ON DELETE CASCADE). Audit rows are kept.
+-- batch ended), oldest first: how many it took, how many went, and when the last it took
+-- ended. Their attempt rows go with them (ON DELETE CASCADE). Audit rows are kept.
 WITH doomed AS (
     SELECT queue, message_id, finished_at FROM rabbitretry.ledger
     WHERE queue = $1 AND status = 'succeeded' AND finished_at >= $4 AND finished_at < $2
@@ -33,47 +33,67 @@ WITH doomed AS (
     DELETE FROM rabbitretry.ledger l USING doomed d
     WHERE l.queue = d.queue AND l.message_id = d.message_id
       AND l.status = 'succeeded' AND l.finished_at < $2
-    RETURNING d.finished_at
+    RETURNING 1
 )
-SELECT count(*)::int AS deleted, max(finished_at) AS last FROM deleted;
+SELECT (SELECT count(*) FROM doomed)::int AS taken, (SELECT count(*) FROM deleted)::int AS deleted,
+       (SELECT max(finished_at) FROM doomed) AS last;
 
 -- name: compact_succeeded
--- One batch of queue $1's succeeded rows that ended before $2, from $4 on, oldest first, moved
--- to rabbitretry.succeeded_key: how many, and when the last of them ended. Their attempt rows
--- go with them (ON DELETE CASCADE). Rows that keep their snapshot (keep_payload = "always")
--- stay whole.
+-- One batch of queue $1's succeeded rows that ended before $2, from $4 on, oldest first,
+-- moved to rabbitretry.succeeded_key: how many it took, how many it moved, and when the last
+-- it took ended. Their attempt rows go with them (ON DELETE CASCADE). Rows that keep their
+-- snapshot (keep_payload = "always") are taken but stay whole, so that a batch never reads
+-- more than it takes.
 WITH chosen AS (
-    SELECT queue, message_id FROM rabbitretry.ledger
+    SELECT queue, message_id, finished_at, payload IS NULL AS compactable
+    FROM rabbitretry.ledger
     WHERE queue = $1 AND status = 'succeeded' AND finished_at >= $4 AND finished_at < $2
-      AND payload IS NULL
     ORDER BY finished_at
     LIMIT $3
 ), moved AS (
     DELETE FROM rabbitretry.ledger l USING chosen c
-    WHERE l.queue = c.queue AND l.message_id = c.message_id
+    WHERE c.compactable AND l.queue = c.queue AND l.message_id = c.message_id
       AND l.status = 'succeeded' AND l.finished_at < $2 AND l.payload IS NULL
     RETURNING l.queue, l.message_id, l.finished_at, l.attempts
 ), kept AS (
     INSERT INTO rabbitretry.succeeded_key (key_hash, finished_at, attempts)
     SELECT rabbitretry.key_hash(queue, message_id), finished_at, attempts FROM moved
     ON CONFLICT (key_hash) DO NOTHING
+), known AS (
+    INSERT INTO rabbitretry.compacted_queue AS q (queue, last_finished_at)
+    SELECT $1, max(finished_at) FROM moved HAVING count(*) > 0
+    ON CONFLICT (queue) DO UPDATE
+    SET last_finished_at = greatest(q.last_finished_at, excluded.last_finished_at)
 )
-SELECT count(*)::int AS deleted, max(finished_at) AS last FROM moved;
+SELECT (SELECT count(*) FROM chosen)::int AS taken, (SELECT count(*) FROM moved)::int AS deleted,
+       (SELECT max(finished_at) FROM chosen) AS last;
 
 -- name: prune_succeeded_keys
--- One batch of compacted keys that ended before $1, from $3 on, oldest first: how many went,
--- and when the last of them ended.
+-- One batch of compacted keys that ended before $1, from $3 on, oldest first: how many it
+-- took, how many went, and when the last it took ended.
 WITH doomed AS (
-    SELECT key_hash FROM rabbitretry.succeeded_key
+    SELECT key_hash, finished_at FROM rabbitretry.succeeded_key
     WHERE finished_at >= $3 AND finished_at < $1
     ORDER BY finished_at
     LIMIT $2
 ), deleted AS (
     DELETE FROM rabbitretry.succeeded_key s USING doomed d
     WHERE s.key_hash = d.key_hash
-    RETURNING s.finished_at
+    RETURNING 1
 )
-SELECT count(*)::int AS deleted, max(finished_at) AS last FROM deleted;
+SELECT (SELECT count(*) FROM doomed)::int AS taken, (SELECT count(*) FROM deleted)::int AS deleted,
+       (SELECT max(finished_at) FROM doomed) AS last;
+
+-- name: prune_compacted_queues
+-- The compacted queues whose every key ended before $1 (at most $2 of them a batch).
+WITH doomed AS (
+    SELECT queue FROM rabbitretry.compacted_queue WHERE last_finished_at < $1 LIMIT $2
+), deleted AS (
+    DELETE FROM rabbitretry.compacted_queue q USING doomed d
+    WHERE q.queue = d.queue AND q.last_finished_at < $1
+    RETURNING 1
+)
+SELECT count(*) FROM deleted;
 
 -- name: prune_ledger
 -- One batch of the other finished rows (skipped, ignored) that ended before $1, with their

@@ -136,21 +136,9 @@ FROM requeued
 RETURNING 1;
 
 -- name: record_rejected
--- A delivery refused before any attempt (no message_id, too large): stored dead. A replayed
--- copy refused again (its row is retrying) goes back to dead; any other existing row, or a
--- compacted key, is left alone and nothing is returned: the copy is a duplicate.
-INSERT INTO rabbitretry.ledger AS l (queue, message_id, status, attempts, max_attempts, reason,
-                                     error_type, error_message, error_fingerprint, finished_at,
-                                     payload, headers, properties, exchange, routing_key)
-SELECT $1, $2, 'dead', 0, $3, $4, $5, $6, $7, now(), $8, $9, $10, $11, $12
-WHERE NOT EXISTS (SELECT FROM rabbitretry.succeeded_key
-                  WHERE key_hash = rabbitretry.key_hash($1, $2))
-ON CONFLICT (queue, message_id) DO UPDATE
-SET status = 'dead', reason = excluded.reason, error_type = excluded.error_type,
-    error_message = excluded.error_message, error_fingerprint = excluded.error_fingerprint,
-    finished_at = now(), updated_at = now(), next_retry_at = NULL
-WHERE l.status = 'retrying'
-RETURNING 1;
+-- A delivery refused before any attempt, stored dead (rabbitretry.record_rejected): 1 when
+-- stored, nothing for a duplicate.
+SELECT * FROM rabbitretry.record_rejected($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12);
 
 -- name: get_entry
 SELECT * FROM rabbitretry.ledger WHERE queue = $1 AND message_id = $2;

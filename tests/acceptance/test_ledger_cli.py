@@ -57,12 +57,16 @@ async def test_prune_compacts_old_successes_and_stats_count_them(
     )
     dry = cli("ledger", "prune", "--dry-run")
     assert dry.returncode == 0, dry.stderr
-    assert "compact 1 succeeded message(s) from before" in dry.stdout
+    assert "compact 1 succeeded message(s) from before" in " ".join(dry.stdout.split())
 
     done = cli("ledger", "prune", "--compact-after", "7d")
     assert done.returncode == 0, done.stderr
-    assert "compacted 1 succeeded message(s)" in done.stdout
+    assert "compacted 1 succeeded message(s)" in " ".join(done.stdout.split())
     assert await pool.fetchval("SELECT message_id FROM rabbitretry.ledger") == "today"
+
+    shown = cli("dead", "show", "week-old", "--queue", "q")
+    assert shown.returncode == 2 and "was compacted" in shown.stderr, shown.stderr
+    assert "Traceback" not in shown.stderr
 
     stats = cli("ledger", "stats")
     assert stats.returncode == 0, stats.stderr

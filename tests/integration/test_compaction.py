@@ -5,7 +5,9 @@ the reconciler's check."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 import asyncpg
 
@@ -18,6 +20,7 @@ from rabbitretry.ledger.statements import Key, Snapshot
 from tests.integration.harness import wait_for
 
 DAY = timedelta(days=1)
+T = TypeVar("T")
 SNAPSHOT = Snapshot(body=b"{}", headers={}, properties={}, exchange="", routing_key="q")
 
 
@@ -91,7 +94,7 @@ async def test_a_late_duplicate_of_a_compacted_key_is_dropped(pool: asyncpg.Pool
     assert (await AttemptLedger(pool).claim(request("new"))).verdict == "claimed"
 
 
-async def test_a_claim_during_the_compaction_of_its_key_waits_and_drops_it(
+async def test_a_claim_that_meets_a_compaction_moving_its_key_drops_it(
     pool: asyncpg.Pool,
 ) -> None:
     await succeeded(pool, "moving", 10 * DAY)
@@ -118,6 +121,73 @@ async def test_a_claim_during_the_compaction_of_its_key_waits_and_drops_it(
     assert await ledger_keys(pool) == set()
 
 
+async def broker_dead(pool: asyncpg.Pool, message_ids: list[str]) -> list[asyncpg.Record]:
+    """The reconciler recording ``message_ids`` found on the work queue's dead-letter queue."""
+    n = len(message_ids)
+    return await pool.fetch(
+        query("dead_queue_record"), "q", 3, "dead-lettered", message_ids, [b"{}"] * n,
+        ["{}"] * n, ["{}"] * n, [""] * n, ["q"] * n, ["e"] * n, ["f"] * n,
+    )  # fmt: skip
+
+
+async def lock_waiters(pool: asyncpg.Pool, statement: str) -> bool:
+    return bool(
+        await pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND query LIKE $1 AND datname = current_database()",
+            f"%{statement}%",
+        )
+    )
+
+
+async def compacted_under(pool: asyncpg.Pool, message_id: str, writer: Awaitable[T]) -> T:
+    """Run ``writer`` while another transaction holds the row of ``message_id`` locked, then
+    compacts it and commits: ``writer`` first meets the row alive, then finds it gone."""
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "SELECT 1 FROM rabbitretry.ledger WHERE message_id = $1 FOR UPDATE", message_id
+        )
+        writing = asyncio.ensure_future(writer)
+        await wait_for(lambda: lock_waiters(pool, "rabbitretry."), timeout=10)
+        now = datetime.now(UTC)
+        moved = await conn.fetchrow(
+            query("compact_succeeded"), "q", now - 7 * DAY, 10, now - 30 * DAY
+        )
+        assert moved is not None and moved["deleted"] == 1
+    return await writing
+
+
+async def test_a_claim_whose_row_is_compacted_while_it_waits_drops_the_copy(
+    pool: asyncpg.Pool,
+) -> None:
+    await succeeded(pool, "racing", 10 * DAY)
+
+    claim = await compacted_under(pool, "racing", AttemptLedger(pool).claim(request("racing")))
+
+    assert (claim.verdict, claim.status, claim.attempt) == ("finished", "succeeded", 1)
+    assert await ledger_keys(pool) == set()
+
+
+async def test_a_refusal_whose_row_is_compacted_while_it_waits_stores_nothing(
+    pool: asyncpg.Pool,
+) -> None:
+    await succeeded(pool, "refused", 10 * DAY)
+    refusing = AttemptLedger(pool).record_rejected(
+        Key("q", "refused"),
+        max_attempts=3,
+        reason="too-large",
+        failure=Failure("TooLarge", "too large", "", "fp"),
+        snapshot=SNAPSHOT,
+    )
+
+    assert not await compacted_under(pool, "refused", refusing)
+    await succeeded(pool, "dead-lettered", 10 * DAY)
+    recorded = await compacted_under(pool, "dead-lettered", broker_dead(pool, ["dead-lettered"]))
+
+    assert recorded == []
+    assert await ledger_keys(pool) == set()
+
+
 async def test_refusals_and_the_reconciler_see_a_compacted_key_as_done(
     pool: asyncpg.Pool,
 ) -> None:
@@ -132,10 +202,7 @@ async def test_refusals_and_the_reconciler_see_a_compacted_key_as_done(
         snapshot=SNAPSHOT,
     )
     assert not stored  # a duplicate, not a new dead letter
-    recorded = await pool.fetch(
-        query("dead_queue_record"), "q", 3, "dead-lettered", ["done", "other"],
-        [b"{}", b"{}"], ["{}", "{}"], ["{}", "{}"], ["", ""], ["q", "q"], ["e", "e"], ["f", "f"],
-    )  # fmt: skip
+    recorded = await broker_dead(pool, ["done", "other"])
     assert [r["message_id"] for r in recorded] == ["other"]
     statuses = await pool.fetch(query("reconcile_key_statuses"), "q", ["done", "other", "never"])
     assert {r["message_id"]: r["status"] for r in statuses} == {

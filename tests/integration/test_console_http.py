@@ -129,6 +129,12 @@ async def test_mistakes_are_shown_not_raised(client: httpx.AsyncClient, pool: as
     assert bad_filter.status_code == 400 and "not a time" in bad_filter.text
     missing = await client.get("/message", params={"queue": "orders", "id": "nope"})
     assert missing.status_code == 404
+    await pool.execute(
+        "INSERT INTO rabbitretry.succeeded_key"
+        " VALUES (rabbitretry.key_hash('orders', 'old'), now() - interval '9 days', 1)"
+    )
+    compacted = await client.get("/message", params={"queue": "orders", "id": "old"})
+    assert compacted.status_code == 404 and "was compacted" in compacted.text
 
 
 async def test_an_unreachable_broker_is_one_line(database_url: str, pool: asyncpg.Pool) -> None:

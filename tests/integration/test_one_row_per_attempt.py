@@ -115,7 +115,7 @@ async def test_an_upgrade_with_attempts_open_keeps_every_history_whole(
             "UPDATE rabbitretry.ledger SET lease_until = now() - interval '1 second'"
             " WHERE message_id = 'lost'"
         )
-        assert await migrations.migrate(conn) == ["0018_one_row_per_attempt"]
+        assert (await migrations.migrate(conn))[0] == "0018_one_row_per_attempt"
 
         history = {
             key: [tuple(r) for r in await conn.fetch(HISTORY, key)]

@@ -81,6 +81,12 @@ async def find(pool: Pool, key: str, queue: str | None) -> Record:
     rows = await operations.find(pool, key, queue)
     if not rows:
         where = f"in queue {queue!r}" if queue else "in the ledger"
+        compacted = await operations.compacted(pool, ledger.Key(queue, key)) if queue else None
+        if compacted is not None:
+            raise UserError(
+                f"{queue}/{key} succeeded {compacted['finished_at']:%Y-%m-%d %H:%M %Z} and was "
+                "compacted by `ledger prune`: only its key's hash is kept"
+            )
         raise UserError(f"no message with key {key!r} {where}")
     if len(rows) > 1:
         queues = ", ".join(r["queue"] for r in rows)

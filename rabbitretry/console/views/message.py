@@ -38,6 +38,13 @@ async def message_page(
     row = await ledger.get(pool, key)
     if row is None:
         where = f" database {home.label}" if ledgers_of(request).several else ""
+        compacted = await operations.compacted(pool, key)
+        if compacted is not None:
+            raise HTTPException(
+                404,
+                f"message {key} succeeded {compacted['finished_at']:%Y-%m-%d %H:%M %Z} and was "
+                f"compacted by ledger prune: the ledger{where} keeps only its key's hash",
+            )
         raise HTTPException(404, f"no message {key} in the ledger{where}")
     attempts, audit = await operations.history(pool, key)
     recovery = await operations.recover_run(pool, key)  # None: no hook, or it has not run
