@@ -65,16 +65,14 @@ class StageClock:
 
         return timed_call
 
-    def delivery(
-        self, process: Callable[[Any, Any], Awaitable[Any]]
-    ) -> Callable[[Any, Any], Awaitable[Any]]:
-        async def timed_process(pipe: Any, message: Any) -> Any:
+    def delivery(self, process: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def timed_process(pipe: Any, message: Any, *rest: Any) -> Any:
             started = time.perf_counter()
             receive = (started - self.last_ack) * 1000 if self.last_ack else None
             current: dict[str, float] = {}
             self.current.set(current)
             try:
-                return await process(pipe, message)
+                return await process(pipe, message, *rest)
             finally:
                 total = (time.perf_counter() - started) * 1000
                 self.seen += 1
