@@ -37,24 +37,28 @@ CHUNK = 500_000  # rows per load statement: a transaction of seconds, not minute
 # The share of a 30-day ledger that is compacted (successes older than 7 days) at the defaults.
 COMPACTED = 23 / 30
 
-LOAD = """
+# Message n of rows $4, in queue n mod $3, ended $5 to $5 + $6 days ago, the lowest n oldest.
+MESSAGES = """
+FROM generate_series($1::bigint, $2::bigint - 1) AS n,
+     LATERAL (SELECT now() - make_interval(secs => 86400 * ($5 + $6 * (1 - n::float8 / $4))))
+         AS t(at)
+"""
+LOAD = (
+    """
 INSERT INTO rabbitretry.ledger (queue, message_id, status, attempts, max_attempts,
                                 first_seen, updated_at, finished_at, payload, headers,
                                 properties, worker, attempt_started_at)
 SELECT 'history-' || (n % $3), 'order-' || n, 'succeeded', 1, 5, at, at, at, NULL, NULL, NULL,
-       'w', at
-FROM generate_series($1::bigint, $2::bigint - 1) AS n,
-     LATERAL (SELECT now() - make_interval(secs => 86400 * ($5 + $6 * (1 - n::float8 / $4))))
-         AS t(at)
-"""
+       'w', at"""
+    + MESSAGES
+)
 # The same messages, compacted (the oldest of a ledger are).
-LOAD_COMPACTED = """
+LOAD_COMPACTED = (
+    """
 INSERT INTO rabbitretry.succeeded_key (key_hash, finished_at, attempts)
-SELECT rabbitretry.key_hash('history-' || (n % $3), 'order-' || n), at, 1
-FROM generate_series($1::bigint, $2::bigint - 1) AS n,
-     LATERAL (SELECT now() - make_interval(secs => 86400 * ($5 + $6 * (1 - n::float8 / $4))))
-         AS t(at)
-"""
+SELECT rabbitretry.key_hash('history-' || (n % $3), 'order-' || n), at, 1"""
+    + MESSAGES
+)
 
 
 async def load(

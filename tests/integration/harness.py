@@ -79,6 +79,22 @@ async def wait_for(
         await asyncio.sleep(interval)
 
 
+def lock_waited_by(pool: asyncpg.Pool, statement: str) -> Callable[[], Awaitable[bool]]:
+    """A condition for :func:`wait_for`: a session of this database runs a statement with
+    ``statement`` in its text and waits for a lock."""
+
+    async def waits_for_the_lock() -> bool:
+        return bool(
+            await pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE $1 AND datname = current_database()",
+                f"%{statement}%",
+            )
+        )
+
+    return waits_for_the_lock
+
+
 async def status_of(pool: asyncpg.Pool, queue: str, message_id: str) -> str | None:
     status: str | None = await pool.fetchval(
         "SELECT status FROM rabbitretry.ledger WHERE queue = $1 AND message_id = $2",

@@ -14,7 +14,7 @@ import asyncpg
 
 from rabbitretry import ledger
 from rabbitretry.ledger.failures import describe
-from tests.integration.harness import wait_for
+from tests.integration.harness import lock_waited_by, wait_for
 
 LEASE = 1.0
 LOCK_HELD = 2.5  # longer than the lease
@@ -49,15 +49,7 @@ async def test_a_claim_that_waited_for_the_rows_lock_gets_its_whole_lease(
         )
         claiming = asyncio.create_task(claim(pool, key, LEASE))
 
-        async def waits_for_the_lock() -> bool:
-            return bool(
-                await pool.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                    " AND query LIKE '%rabbitretry.claim(%' AND datname = current_database()"
-                )
-            )
-
-        await wait_for(waits_for_the_lock, timeout=10)
+        await wait_for(lock_waited_by(pool, "rabbitretry.claim("), timeout=10)
         await asyncio.sleep(LOCK_HELD)  # the fault: the lock is held past the claim's lease
     granted = await claiming
     assert (granted.verdict, granted.attempt) == ("claimed", 2)

@@ -17,7 +17,7 @@ from rabbitretry.ledger.attempts import AttemptLedger
 from rabbitretry.ledger.commits import ClaimRequest
 from rabbitretry.ledger.failures import Failure
 from rabbitretry.ledger.statements import Key, Snapshot
-from tests.integration.harness import wait_for
+from tests.integration.harness import lock_waited_by, wait_for
 
 DAY = timedelta(days=1)
 T = TypeVar("T")
@@ -106,15 +106,8 @@ async def test_a_claim_that_meets_a_compaction_moving_its_key_drops_it(
         assert moved is not None and moved["deleted"] == 1
         claiming = asyncio.create_task(AttemptLedger(pool).claim(request("moving")))
 
-        async def waits_for_the_lock() -> bool:  # the compaction's, on the row it moves
-            return bool(
-                await pool.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                    " AND query LIKE '%rabbitretry.claim(%' AND datname = current_database()"
-                )
-            )
-
-        await wait_for(waits_for_the_lock, timeout=10)
+        # The claim waits for the compaction's lock on the row it moves.
+        await wait_for(lock_waited_by(pool, "rabbitretry.claim("), timeout=10)
         assert not claiming.done()
     claim = await claiming
     assert (claim.verdict, claim.status) == ("finished", "succeeded")
@@ -130,16 +123,6 @@ async def broker_dead(pool: asyncpg.Pool, message_ids: list[str]) -> list[asyncp
     )  # fmt: skip
 
 
-async def lock_waiters(pool: asyncpg.Pool, statement: str) -> bool:
-    return bool(
-        await pool.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-            " AND query LIKE $1 AND datname = current_database()",
-            f"%{statement}%",
-        )
-    )
-
-
 async def compacted_under(pool: asyncpg.Pool, message_id: str, writer: Awaitable[T]) -> T:
     """Run ``writer`` while another transaction holds the row of ``message_id`` locked, then
     compacts it and commits: ``writer`` first meets the row alive, then finds it gone."""
@@ -148,7 +131,7 @@ async def compacted_under(pool: asyncpg.Pool, message_id: str, writer: Awaitable
             "SELECT 1 FROM rabbitretry.ledger WHERE message_id = $1 FOR UPDATE", message_id
         )
         writing = asyncio.ensure_future(writer)
-        await wait_for(lambda: lock_waiters(pool, "rabbitretry."), timeout=10)
+        await wait_for(lock_waited_by(pool, "rabbitretry."), timeout=10)
         now = datetime.now(UTC)
         moved = await conn.fetchrow(
             query("compact_succeeded"), "q", now - 7 * DAY, 10, now - 30 * DAY
