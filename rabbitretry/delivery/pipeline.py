@@ -61,7 +61,6 @@ __all__ = ["Pipeline", "broker_probe"]
 log = logging.getLogger("rabbitretry.worker")
 
 REQUEUE_PAUSE = 1.0  # seconds before requeueing a delivery after an unexpected error
-SHUTDOWN_CLAIM_WAIT = 5.0  # seconds a shutdown waits for a claim in flight, to give it back
 # A call waits for its turn under a rate limit at most this share of the attempt's timeout,
 # so that the wait cannot make the attempt time out (which would charge it).
 MAX_WAIT_SHARE = 0.5
@@ -311,12 +310,14 @@ class Pipeline:
         """The claim; a shutdown that arrives meanwhile gives back a claim that landed."""
         claiming = self.ledger.claim_sent(request)
         try:
-            return await asyncio.shield(claiming)
+            return await claiming
         except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                claim = await asyncio.wait_for(claiming, SHUTDOWN_CLAIM_WAIT)
+            # The claim's future outlives the cancellation, which arrives once it is set.
+            if claiming.done() and not claiming.cancelled() and claiming.exception() is None:
+                claim = claiming.result()
                 if claim.verdict == "claimed":
-                    await self.ledger.interrupt(request.key, claim.attempt)
+                    with contextlib.suppress(Exception):
+                        await self.ledger.interrupt(request.key, claim.attempt)
             raise
 
     async def _given_back(self, message: IncomingMessage, key: Key, error: Exception) -> Outcome:

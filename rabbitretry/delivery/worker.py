@@ -315,19 +315,27 @@ class Worker:
             except Exception:
                 log.exception("unexpected error processing a delivery; the broker redelivers it")
 
-        async def on_message(message: IncomingMessage, probe: str | None = None) -> None:
+        def start(message: IncomingMessage, probe: str | None = None) -> asyncio.Task[None]:
             # aiormq cancels its callback tasks when the channel closes (a connection blip);
             # the attempt runs in a task of the worker's own so that a blip cannot cut a
             # handler short. Its ack then fails, the broker redelivers, the ledger drops it.
             task = asyncio.create_task(attempt(message, probe))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
+            return task
+
+        async def on_message(message: IncomingMessage) -> None:
+            # Not awaited: prefetch 1 already holds the next delivery back, and waiting here
+            # would cost two more turns of the event loop per message.
+            start(message)
+
+        async def run_probe(message: IncomingMessage, probe: str) -> None:
             with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(task)
+                await asyncio.shield(start(message, probe))
 
         valve.slots.append(Slot(queue, on_message))
         if valve.run_probe is None:
-            valve.run_probe = on_message
+            valve.run_probe = run_probe
 
     @property
     def consuming_node(self) -> str | None:

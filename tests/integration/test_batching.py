@@ -86,6 +86,24 @@ def many_claim_args(message_ids: list[str]) -> list[Any]:
     return columns
 
 
+async def test_a_claim_outlives_its_callers_cancellation(pool: asyncpg.Pool) -> None:
+    commits = LedgerCommits(pool)
+    claiming = commits.claims.enqueue(claim_request("m"))
+
+    async def caller() -> None:
+        await claiming
+
+    task = asyncio.create_task(caller())
+    await asyncio.sleep(0)  # the caller now waits for the claim
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # The cancellation reached the caller only once its claim was written, so it can give
+    # the claim back.
+    assert claiming.done() and not claiming.cancelled()
+    assert claiming.result().verdict == "claimed"
+
+
 async def test_only_successful_claims_skip_the_wait_for_their_flush(pool: asyncpg.Pool) -> None:
     async with pool.acquire() as conn:
         assert await commit_mode_after(conn, query("batching_claim"), *one_claim_args("x")) == "off"
