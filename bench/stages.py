@@ -65,6 +65,25 @@ class StageClock:
 
         return timed_call
 
+    def timed_future(
+        self, stage: str, send: Callable[..., asyncio.Future[T]]
+    ) -> Callable[..., asyncio.Future[T]]:
+        """``send``, timed until the future it returns is set; the future itself is returned,
+        as its callers may read it after their own cancellation."""
+
+        def timed_send(*args: Any) -> asyncio.Future[T]:
+            started = time.perf_counter()
+            current = self.current.get()
+            future = send(*args)
+
+            def ended(_: asyncio.Future[T]) -> None:
+                current[stage] = current.get(stage, 0.0) + (time.perf_counter() - started) * 1000
+
+            future.add_done_callback(ended)
+            return future
+
+        return timed_send
+
     def delivery(self, process: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def timed_process(pipe: Any, message: Any, *rest: Any) -> Any:
             started = time.perf_counter()
@@ -88,10 +107,7 @@ class StageClock:
 
 def instrument(clock: StageClock) -> None:
     """Wrap the pipeline's stages (this process only: a benchmark, never the library)."""
-    sent = AttemptLedger.claim_sent
-    AttemptLedger.claim_sent = clock.timed(  # type: ignore[method-assign,assignment]
-        "claim", lambda ledger, request: sent(ledger, request)
-    )
+    AttemptLedger.claim_sent = clock.timed_future("claim", AttemptLedger.claim_sent)  # type: ignore[method-assign]
     AttemptLedger.succeed = clock.timed("success", AttemptLedger.succeed)  # type: ignore[method-assign]
     pipeline.run_attempt = clock.timed("attempt", pipeline.run_attempt)
     pipeline._settle = clock.timed("ack", pipeline._settle)

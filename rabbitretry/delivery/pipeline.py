@@ -313,7 +313,7 @@ class Pipeline:
             return await claiming
         except asyncio.CancelledError:
             # The claim's future outlives the cancellation, which arrives once it is set.
-            if claiming.done() and not claiming.cancelled() and claiming.exception() is None:
+            if not claiming.cancelled() and claiming.exception() is None:
                 claim = claiming.result()
                 if claim.verdict == "claimed":
                     with contextlib.suppress(Exception):

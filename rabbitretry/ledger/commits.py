@@ -106,7 +106,7 @@ class CommitGroup(Generic[Request, Result]):
                 if isinstance(error, Exception):
                     future.set_exception(error)
                 else:
-                    asyncio.Future.cancel(future)
+                    asyncio.Future.cancel(future)  # a future that outlives its caller too
             self._waiting.clear()
             if not isinstance(error, Exception):
                 raise
