@@ -28,6 +28,12 @@ def throughput_chart(rates: Mapping[str, Mapping[str, float]], path: Path) -> No
         if settings:
             values = [rates[variant][s] for s in settings]
             ax.plot([int(s) for s in settings], values, label=LABELS[variant], **style)
+    # C in two processes (--processes 2), at the concurrency of both together.
+    two = {s: r for s, r in rates.get("C", {}).items() if s.startswith("2x")}
+    if two:
+        totals = [2 * int(s.partition("x")[2]) for s in two]
+        ax.scatter(totals, list(two.values()), marker="D", color="tab:green")
+        ax.scatter([], [], marker="D", color="tab:green", label=f"{LABELS['C']}, 2 processes")
     for setting, threads in (("1x1", 1), ("1x8", 8)):
         ax.scatter([threads], [rates["D"][setting]], marker="s", color="tab:red")
     ax.scatter([], [], marker="s", color="tab:red", label=f"{LABELS['D']} (1x1, 1x8 threads)")

@@ -1,8 +1,9 @@
 """Rounds of the throughput variants: every variant once a round, round-robin.
 
-``python -m bench`` runs them all (A, B and C at concurrency 1, 8 and 32, D with 1 and 8
-threads, the peers E and F at 1, 8 and 32). ``python -m bench.rounds`` runs some of them
-alone, in a scratch database, and prints their rates, costs, ratios and the peers' targets::
+``python -m bench`` runs them all (A, B and C at concurrency 1, 8 and 32, C also as two
+processes of 4 and of 16 consumers, D with 1 and 8 threads, the peers E and F at 1, 8 and
+32). ``python -m bench.rounds`` runs some of them alone, in a scratch database, and prints
+their rates, costs, ratios and the peers' targets::
 
     python -m bench.rounds --variants C,E,F --concurrency 8,32 --messages 5000 --repeats 3
     python -m bench.rounds --variants A,C --event-loop uvloop
@@ -22,6 +23,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from bench import report, stats
 from bench.peers import run_celery, run_faststream
 from bench.services import scratch_database
+from bench.supervised import run_supervised
 from bench.throughput import RunResult, run_dramatiq, run_naive, run_rabbitretry, run_raw
 
 Runner = Callable[[int, int], Awaitable[RunResult]]  # (messages, warmup) -> rate and costs
@@ -44,6 +46,14 @@ def variants(
         found.append(("A", str(c), lambda m, w, c=c: run_raw(c, m, w)))
         found.append(("B", str(c), lambda m, w, c=c: run_naive(database_url, c, m, w)))
         found.append(("C", str(c), lambda m, w, c=c: run_rabbitretry(database_url, c, m, w)))
+        if c > 1:  # the same consumers in two processes: rabbitretry run --processes 2
+            found.append(
+                (
+                    "C",
+                    f"2x{c // 2}",
+                    lambda m, w, c=c: run_supervised(database_url, 2, c // 2, m, w),
+                )
+            )
         found.append(("E", str(c), lambda m, w, c=c: run_celery(c, m, w)))
         found.append(("F", str(c), lambda m, w, c=c: run_faststream(c, m, w)))
     for threads in (1, 8):

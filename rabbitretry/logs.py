@@ -119,6 +119,11 @@ def choose(level: Level | None = None, log_format: Format = Format.text) -> None
     _chosen_format = log_format
 
 
+def chosen() -> tuple[Level | None, Format]:
+    """The command line's choice, to hand to a process of its own."""
+    return _chosen_level, _chosen_format
+
+
 def configure(verbose: bool = False, *, stream: TextIO | None = None) -> logging.Handler:
     """Log to stderr at the chosen level (``verbose``: DEBUG), in the chosen format.
 

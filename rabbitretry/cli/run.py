@@ -1,19 +1,17 @@
-"""``rabbitretry run``: start a worker."""
+"""``rabbitretry run``: start a worker, or several worker processes under a supervisor."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Annotated
 
 import typer
 
-from rabbitretry.cli.common import configure_logging, load_consumer, run_async, settings
-from rabbitretry.delivery.worker import Worker
-from rabbitretry.monitoring.metrics import worker_endpoint
+from rabbitretry.cli import supervisor
+from rabbitretry.cli.common import flowing
+from rabbitretry.cli.worker_process import RunOptions, serve_here
 
 
-@run_async
-async def run(
+def run(
     consumers: Annotated[
         list[str],
         typer.Argument(help="Consumer classes as MODULE:CLASS, e.g. examples.points:AwardPoints"),
@@ -21,7 +19,23 @@ async def run(
     concurrency: Annotated[
         int,
         typer.Option(
-            "--concurrency", "-c", min=1, max=256, help="Consumers per queue (each prefetches 1)."
+            "--concurrency",
+            "-c",
+            min=1,
+            max=256,
+            help="Consumers per queue in each process (each prefetches 1).",
+        ),
+    ] = 1,
+    processes: Annotated[
+        int,
+        typer.Option(
+            "--processes",
+            "-p",
+            min=1,
+            max=64,
+            help="Worker processes, each with --concurrency consumers per queue; one per core "
+            "uses the machine. More than 1 runs them under a supervisor that restarts one "
+            "that dies.",
         ),
     ] = 1,
     declare: Annotated[
@@ -42,7 +56,8 @@ async def run(
         typer.Option(
             min=0,
             max=65535,
-            help="Serve Prometheus metrics (/metrics) and health (/healthz) on this port.",
+            help="Serve Prometheus metrics (/metrics) and health (/healthz) on this port; "
+            "with --processes N, process i on this port + i.",
         ),
     ] = None,
     metrics_host: Annotated[
@@ -67,22 +82,26 @@ async def run(
     database_url keeps its ledger in that database; the others in --database.
     RABBITRETRY_AMQP_URL may list several nodes of a cluster, comma-separated: the worker
     connects to the first that answers and fails over to the next.
+
+    One process uses one core: on a bigger machine, --processes 4 -c 8 runs four worker
+    processes of 8 consumers per queue each. The first SIGTERM or Ctrl-C stops them all
+    gracefully, a second interrupts their in-flight attempts; a process that dies is started
+    again, and one that fails its first start stops them all.
     """
-    configure_logging(verbose)
-    config = settings()
-    ledger_database = config.database(database)
-    worker = Worker(
-        consumers=[load_consumer(target) for target in consumers],
-        amqp_url=config.amqp_url,
-        database_url=ledger_database,
-        concurrency=concurrency,
-        shutdown_timeout=shutdown_timeout,
-        declare_topology=declare,
+    options = RunOptions(
+        tuple(consumers),
+        concurrency,
+        declare,
+        shutdown_timeout,
+        verbose,
+        metrics_port,
+        metrics_host,
+        database,
     )
-    async with contextlib.AsyncExitStack() as stack:
-        if metrics_port is not None:
-            used = {label: url or ledger_database for url, label in worker.ledger_databases.items()}
-            databases = used if len(used) > 1 else ledger_database
-            endpoint = worker_endpoint(databases, metrics_port, metrics_host, health=worker.health)
-            worker.on_outcome = (await stack.enter_async_context(endpoint)).observe
-        await worker.run(install_signal_handlers=True)
+    if processes == 1:
+        serve_here(options)
+    else:
+        supervisor.supervise(options, processes)
+
+
+run.__doc__ = flowing(run.__doc__)

@@ -75,10 +75,41 @@ class Worker:
     _connections: tuple[amqp.Connection, ...] = field(default=(), init=False)
     _channels: list[amqp.Channel] = field(default_factory=list, init=False)
     _watcher: asyncio.Task[None] | None = field(default=None, init=False)
+    _main: asyncio.Task[Any] | None = field(default=None, init=False)
+    _signals_escalate: bool = field(default=True, init=False)
+    on_started: Callable[[], None] | None = None
+    """Called once every consumer is consuming (a supervisor's sign that the start-up held)."""
 
     def stop(self) -> None:
         """Ask the worker to stop; safe to call from a signal handler."""
         self._stopping.set()
+
+    def shut_down(self, cause: str) -> None:
+        """What a first stop signal does, for ``cause`` (a signal's name, or who asked): during
+        start-up give the start-up up, after it stop as :meth:`stop` does and say so. Once the
+        worker is stopping, nothing more. Needs :meth:`run` with ``install_signal_handlers``."""
+        if self._stopping.is_set():
+            return
+        if not self.started and self._main is not None:
+            log.info("worker %s: %s during start-up, giving up", self.name, cause)
+            self._cancelled_start = True
+            self._stopping.set()
+            self._main.cancel()
+            return
+        again = " (send it again to interrupt in-flight attempts)" if self._signals_escalate else ""
+        log.info("worker %s: %s, stopping%s", self.name, cause, again)
+        self.stop()
+
+    def interrupt(self, cause: str) -> None:
+        """What a second stop signal does: :meth:`abandon`, and say so."""
+        log.warning(
+            "worker %s: %s, no longer waiting: %d in-flight attempt(s) interrupted now, "
+            "their deliveries requeued (not counted against their budget)",
+            self.name,
+            cause,
+            len(self._inflight),
+        )
+        self.abandon()
 
     def abandon(self) -> None:
         """Stop waiting for in-flight attempts: interrupt them now (their deliveries are
@@ -86,16 +117,20 @@ class Worker:
         self._abandoning.set()
         self._stopping.set()
 
-    async def run(self, *, install_signal_handlers: bool = False) -> None:
+    async def run(
+        self, *, install_signal_handlers: bool = False, signals_escalate: bool = True
+    ) -> None:
         """Consume until :meth:`stop`; with ``install_signal_handlers``, until SIGTERM, SIGINT
-        or SIGHUP (a second one interrupts the in-flight attempts instead of waiting)."""
+        or SIGHUP (a second one interrupts the in-flight attempts instead of waiting, unless
+        ``signals_escalate`` is false: a supervisor that counts the signals says when)."""
         if not install_signal_handlers:
             await self._run()
             return
         loop = asyncio.get_running_loop()
-        main = asyncio.current_task()
+        self._main = main = asyncio.current_task()
+        self._signals_escalate = signals_escalate
         for sig in STOP_SIGNALS:
-            loop.add_signal_handler(sig, self._on_signal, sig, main)
+            loop.add_signal_handler(sig, self._on_signal, sig)
         try:
             await self._run()
         except asyncio.CancelledError:
@@ -107,29 +142,11 @@ class Worker:
             for sig in STOP_SIGNALS:
                 loop.remove_signal_handler(sig)
 
-    def _on_signal(self, sig: signal.Signals, main: asyncio.Task[Any] | None) -> None:
-        if not self._stopping.is_set():
-            if not self.started and main is not None:
-                log.info("worker %s: %s during start-up, giving up", self.name, sig.name)
-                self._cancelled_start = True
-                self._stopping.set()
-                main.cancel()
-                return
-            log.info(
-                "worker %s: %s, stopping (send it again to interrupt in-flight attempts)",
-                self.name,
-                sig.name,
-            )
-            self.stop()
+    def _on_signal(self, sig: signal.Signals) -> None:
+        if not self._stopping.is_set() or not self._signals_escalate:
+            self.shut_down(sig.name)
             return
-        log.warning(
-            "worker %s: %s again, no longer waiting: %d in-flight attempt(s) interrupted now, "
-            "their deliveries requeued (not counted against their budget)",
-            self.name,
-            sig.name,
-            len(self._inflight),
-        )
-        self.abandon()
+        self.interrupt(f"{sig.name} again")
         # A third signal gets the default action: Ctrl-C raises KeyboardInterrupt, SIGTERM and
         # SIGHUP end the process at once.
         loop = asyncio.get_running_loop()
@@ -140,7 +157,9 @@ class Worker:
         async with contextlib.AsyncExitStack() as stack:
             pools = await self._ledger_pools(stack)
             for database, pool in pools.items():
-                await _check_migrated(database, pool)
+                async with pool.acquire() as conn:
+                    where = "" if database is None else f" at {urls.mask_url(database)}"
+                    await migrations.require_current(conn, where)
             consume_conn = await amqp.connect(
                 self.amqp_url, name=f"rabbitretry-consume {self.name}"
             )
@@ -177,6 +196,8 @@ class Worker:
             instances += await recovery_consumers(instances, pools)
             valves = await self._start_consumers(instances, pools, consume_conn, publish_conn)
             self.started = True
+            if self.on_started is not None:
+                self.on_started()
             # What exists now (modules, connections, consumers) lives as long as the worker:
             # out of the collector's sight, a full collection no longer walks it, which took
             # tens of milliseconds in the middle of deliveries.
@@ -255,15 +276,9 @@ class Worker:
                 view,
                 probe_hold=consumer_type.timeout + PROBE_MARGIN,
             )
+            pool = pools[consumer_type.database_url]
             for slot in range(self.concurrency):
-                await self._start_slot(
-                    instance,
-                    pools[consumer_type.database_url],
-                    consume_conn,
-                    publish_conn,
-                    slot,
-                    valve,
-                )
+                await self._start_slot(instance, pool, consume_conn, publish_conn, slot, valve)
             await view.declare(valve.downstreams, valve.queue)
             valves.append(valve)
         for view in breakers.values():
@@ -380,14 +395,3 @@ class Worker:
 def _ledger_service(database: str | None) -> str:
     """The name an outage gate logs: the ledger, or the ledger in a consumer's database."""
     return "ledger" if database is None else f"ledger at {urls.mask_url(database)}"
-
-
-async def _check_migrated(database: str | None, pool: db.Pool) -> None:
-    async with pool.acquire() as conn:
-        pending = await migrations.pending_migrations(conn)
-    if pending:
-        where = "" if database is None else f" at {urls.mask_url(database)}"
-        raise ConfigurationError(
-            f"the ledger schema{where} is not up to date ({', '.join(pending)} pending): "
-            "run `rabbitretry db migrate`"
-        )

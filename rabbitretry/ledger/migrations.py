@@ -19,7 +19,7 @@ import re
 from importlib import resources
 
 from rabbitretry.db import Connection, LockNotAvailable
-from rabbitretry.errors import ServiceUnavailable
+from rabbitretry.errors import ConfigurationError, ServiceUnavailable
 
 __all__ = ["applied_migrations", "migrate", "pending_migrations", "shipped"]
 
@@ -137,3 +137,14 @@ async def _record(conn: Connection, version: int, name: str) -> None:
 async def pending_migrations(conn: Connection) -> list[str]:
     applied = await applied_migrations(conn)
     return [f"{v:04d}_{n}" for v, n, _ in shipped() if v not in applied]
+
+
+async def require_current(conn: Connection, where: str = "") -> None:
+    """Refuse a ledger schema with pending migrations (``where``: which database, for the
+    message), in one line that says what to run."""
+    pending = await pending_migrations(conn)
+    if pending:
+        raise ConfigurationError(
+            f"the ledger schema{where} is not up to date ({', '.join(pending)} pending): "
+            "run `rabbitretry db migrate`"
+        )

@@ -3,82 +3,20 @@ and a signal during start-up ends the start-up."""
 
 from __future__ import annotations
 
-import asyncio
-import os
 import signal
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
 import pytest
 
 from rabbitretry import topology_of
-from tests.acceptance.cli import CLI, ROOT
+from tests.acceptance.cli import worker
 from tests.acceptance.cli_runner import broker_cleanup_fixture  # noqa: F401 (fixture)
 from tests.acceptance.slow import Slow
 from tests.integration.conftest import BrokerCleanup
 from tests.integration.harness import publish
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
-
-
-class Worker:
-    """A ``rabbitretry run`` subprocess and what it has logged so far."""
-
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self.process = process
-        self.log: list[str] = []
-
-    async def wait_for_line(self, text: str, timeout: float = 60) -> str:
-        """The first line (logged so far or next) that contains ``text``."""
-        async with asyncio.timeout(timeout):
-            for line in self.log:
-                if text in line:
-                    return line
-            assert self.process.stderr is not None
-            while raw := await self.process.stderr.readline():
-                line = raw.decode().rstrip("\n")
-                self.log.append(line)
-                if text in line:
-                    return line
-        raise AssertionError(f"the worker exited without logging {text!r}:\n" + "\n".join(self.log))
-
-    async def exit_code(self, timeout: float) -> int:
-        assert self.process.stderr is not None
-        async with asyncio.timeout(timeout):
-            rest = await self.process.stderr.read()
-            self.log += rest.decode().splitlines()
-            return await self.process.wait()
-
-
-@asynccontextmanager
-async def worker(
-    amqp_url: str, database_url: str, queue: str, *args: str, **env: str
-) -> AsyncIterator[Worker]:
-    process = await asyncio.create_subprocess_exec(
-        *CLI,
-        "run",
-        "tests.acceptance.slow:Slow",
-        "--declare",
-        *args,
-        cwd=ROOT,
-        env={
-            **os.environ,
-            "RABBITRETRY_AMQP_URL": amqp_url,
-            "RABBITRETRY_DATABASE_URL": database_url,
-            "RR_SLOW_QUEUE": queue,
-            **env,
-        },
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        yield Worker(process)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
 
 
 @pytest.fixture

@@ -91,10 +91,12 @@ def test_the_report_labels_the_peers_and_their_cpu() -> None:
     assert "| F FastStream (manual ack) (32) | 330 |  |  |  |  |" in cpu
 
 
-def test_the_throughput_table_leaves_out_variants_not_run() -> None:
-    table = report.throughput_table({"C": {"8": 2000.0}, "E": {"8": 1000.0}})
+def test_the_throughput_table_leaves_out_variants_and_settings_not_run() -> None:
+    table = report.throughput_table({"C": {"8": 2000.0, "2x4": 2500.0}, "E": {"8": 1000.0}})
     assert "A raw aio-pika" not in table
-    assert "| C rabbitretry |  | 2,000 |" in table
+    assert table.startswith("| variant | 8 | 2x4 |\n")
+    assert "| C rabbitretry | 2,000 | 2,500 |" in table
+    assert "| E Celery (prefork, acks late) | 1,000 |  |" in table
 
 
 STAT = "4242 (celery: worker (x)) S 4200 4242 4200 0 -1 4194560 900 0 0 0 {u} {s} 7 3 20 0 1"
@@ -137,14 +139,16 @@ def test_variants_keeps_the_chosen_ones_in_round_order() -> None:
     chosen = rounds.variants("postgresql://unused", ["C", "E", "F"], [8, 32])
     assert [(v, s) for v, s, _ in chosen] == [
         ("C", "8"),
+        ("C", "2x4"),
         ("E", "8"),
         ("F", "8"),
         ("C", "32"),
+        ("C", "2x16"),
         ("E", "32"),
         ("F", "32"),
     ]
     everything = rounds.variants("postgresql://unused")
-    assert len(everything) == 3 * 5 + 2
+    assert len(everything) == 3 * 5 + 2 + 2
     assert [s for v, s, _ in everything if v == "D"] == ["1x1", "1x8"]
 
 
