@@ -60,6 +60,7 @@ async def run_supervised(
                 },
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=log,
+                start_new_session=True,
             )
             try:
                 return await _measure(conn, database_url, queue, worker, warmup, total)
@@ -70,7 +71,11 @@ async def run_supervised(
             finally:
                 if worker.returncode is None:
                     worker.send_signal(signal.SIGTERM)
-                await asyncio.wait_for(worker.wait(), 60)
+                try:
+                    await asyncio.wait_for(worker.wait(), 60)
+                except TimeoutError:  # the supervisor and its worker processes, all of them
+                    os.killpg(worker.pid, signal.SIGKILL)
+                    raise
     finally:
         await conn.close()
         await delete_queues(

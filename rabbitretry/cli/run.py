@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from rabbitretry.cli import supervisor
-from rabbitretry.cli.common import flowing
+from rabbitretry.cli.common import fail, flowing
 from rabbitretry.cli.worker_process import RunOptions, serve_here
 
 
@@ -83,7 +83,7 @@ def run(
     RABBITRETRY_AMQP_URL may list several nodes of a cluster, comma-separated: the worker
     connects to the first that answers and fails over to the next.
 
-    One process uses one core: on a bigger machine, --processes 4 -c 8 runs four worker
+    One process uses one core: on a bigger machine, --processes 4 --concurrency 8 runs four worker
     processes of 8 consumers per queue each. The first SIGTERM or Ctrl-C stops them all
     gracefully, a second interrupts their in-flight attempts; a process that dies is started
     again, and one that fails its first start stops them all.
@@ -98,6 +98,12 @@ def run(
         metrics_host,
         database,
     )
+    if metrics_port and metrics_port + processes - 1 > 65535:
+        fail(
+            f"--metrics-port {metrics_port} with --processes {processes} needs ports up to "
+            f"{metrics_port + processes - 1}: choose a port at most {65536 - processes}",
+            2,
+        )
     if processes == 1:
         serve_here(options)
     else:

@@ -15,13 +15,15 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
+import os
 import signal
 import time
+from multiprocessing import resource_tracker
 from multiprocessing.process import BaseProcess
 
 import typer
 
-from rabbitretry.cli.common import configure_logging, run_async
+from rabbitretry.cli.common import configure_logging, load_consumer, run_async
 from rabbitretry.cli.worker_process import ABANDON, READY, STOP, RunOptions, child_main
 from rabbitretry.delivery.worker import STOP_SIGNALS
 
@@ -30,6 +32,7 @@ log = logging.getLogger("rabbitretry.supervisor")
 HEALTHY_AFTER = 60.0  # seconds a process must live for its next death to count as the first
 FIRST_PAUSE = 1.0
 LONGEST_PAUSE = 60.0
+STUCK_AFTER = 30.0  # seconds past --shutdown-timeout after which a stopping process is killed
 
 
 def restart_pause(deaths_in_a_row: int) -> float:
@@ -51,8 +54,16 @@ class Child:
             args=(options.for_process(index), theirs),
             name=f"rabbitretry-worker-{index}",
         )
-        self.process.start()
-        theirs.close()
+        # The process inherits this mask through fork and exec: a stop signal that reaches it
+        # before its worker's handlers are in waits for them (the worker unblocks it). The
+        # resource tracker first: starting it unblocks SIGINT and SIGTERM again.
+        resource_tracker.ensure_running()
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            self.process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            theirs.close()
         self.started_at = time.monotonic()
         self.ready = False
 
@@ -63,16 +74,19 @@ class Child:
         ended: asyncio.Future[None] = loop.create_future()
 
         def on_end() -> None:
-            if not ended.done():  # the sentinel stays readable until the reader is removed
+            if not ended.done():  # readable until the reader is removed
                 ended.set_result(None)
 
-        loop.add_reader(self.process.sentinel, on_end)
+        watched = _exit_watch(self.process)
+        loop.add_reader(watched, on_end)
         loop.add_reader(self.pipe.fileno(), self._on_message)
         try:
             await ended
         finally:
-            loop.remove_reader(self.process.sentinel)
+            loop.remove_reader(watched)
             loop.remove_reader(self.pipe.fileno())
+            if watched != self.process.sentinel:
+                os.close(watched)
         with contextlib.suppress(EOFError, OSError):  # a ready said just before the end
             while self.pipe.poll():
                 said = self.pipe.recv_bytes()
@@ -108,6 +122,8 @@ class Supervisor:
         self.stopping = asyncio.Event()
 
     async def run(self) -> int:
+        for target in self.options.consumers:  # a mistake said once, not once per process
+            load_consumer(target)
         loop = asyncio.get_running_loop()
         for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, self._on_signal, sig)
@@ -131,36 +147,46 @@ class Supervisor:
         """Keep process ``index`` running until the stop; its last exit code."""
         deaths = 0
         first = True
-        while True:
-            child = self.children[index] = Child(self.options, index)
-            if self.stopping.is_set():  # a stop that came while it was being started
-                child.tell(STOP)
+        while not self.stopping.is_set():
+            try:
+                child = self.children[index] = Child(self.options, index)
+            except OSError as error:  # out of processes, memory or file descriptors
+                log.error("worker process %d could not be started: %s", index, error)
+                deaths, first = deaths + 1, False
+                await self._pause(restart_pause(deaths))
+                continue
             code = await child.exit_code()
             del self.children[index]
             if self.stopping.is_set():
                 return code
-            if first and not child.ready:
+            if first and code != 0 and not child.ready:
                 log.error(
-                    "worker process %d failed to start (exit code %d): stopping the others",
+                    "worker process %d failed to start (%s): stopping the others",
                     index,
-                    code,
+                    _ending(code),
                 )
                 self._stop_all()
-                return code or 1
+                return code
+            first = False
             deaths = 1 if child.lived() >= HEALTHY_AFTER else deaths + 1
             pause = restart_pause(deaths)
-            log.error(
-                "worker process %d (pid %s) died (%s) after %.0f s; starting it again in %.0f s",
+            log.log(
+                logging.WARNING if code == 0 else logging.ERROR,
+                "worker process %d (pid %s) %s (%s) after %.0f s; starting it again in %.0f s",
                 index,
                 child.process.pid,
+                "ended" if code == 0 else "died",
                 _ending(code),
                 child.lived(),
                 pause,
             )
-            first = False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), pause)
-                return 0  # stopped while it was down
+            await self._pause(pause)
+        return 0
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait ``seconds``, or less if the stop comes."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stopping.wait(), seconds)
 
     def _on_signal(self, sig: signal.Signals) -> None:
         self.signals += 1
@@ -177,14 +203,32 @@ class Supervisor:
             for child in self.children.values():
                 child.tell(ABANDON)
         else:
-            log.warning("%s a third time: killing the worker processes", sig.name)
-            for child in self.children.values():
-                child.process.kill()
+            self._kill(f"{sig.name} a third time")
 
     def _stop_all(self) -> None:
         self.stopping.set()
         for child in self.children.values():
             child.tell(STOP)
+        # A worker process that outlives its own shutdown bound is stuck: end it.
+        grace = self.options.shutdown_timeout + STUCK_AFTER
+        asyncio.get_running_loop().call_later(grace, self._kill, f"still running {grace:.0f} s on")
+
+    def _kill(self, why: str) -> None:
+        if self.children:
+            log.warning("%s: killing %d worker processes", why, len(self.children))
+        for child in self.children.values():
+            child.process.kill()
+
+
+def _exit_watch(process: BaseProcess) -> int:
+    """A file descriptor that turns readable when ``process`` ends: a pidfd where Linux has
+    them, else multiprocessing's sentinel, a pipe that a grandchild holding a copy of it (a
+    handler's ``os.system("... &")``) would keep open after the process ended."""
+    assert process.pid is not None
+    try:
+        return os.pidfd_open(process.pid)
+    except (AttributeError, OSError):
+        return process.sentinel
 
 
 def _ending(code: int) -> str:

@@ -75,7 +75,11 @@ async def serve(options: RunOptions, pipe: Connection | None = None) -> None:
             worker.on_outcome = (await stack.enter_async_context(endpoint)).observe
         # Under a supervisor, a second stop signal may be the same stop seen twice; the
         # supervisor counts them, and says when to interrupt.
-        await worker.run(install_signal_handlers=True, signals_escalate=pipe is None)
+        try:
+            await worker.run(install_signal_handlers=True, signals_escalate=pipe is None)
+        finally:
+            if pipe is not None:  # a late signal must not turn a clean exit into a traceback
+                signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
 
 
 serve_here = run_async(serve)
@@ -90,6 +94,7 @@ def _obeying(pipe: Connection, worker: Worker) -> Iterator[None]:
             command = pipe.recv_bytes()
         except (EOFError, OSError):
             loop.remove_reader(pipe.fileno())
+            worker.signals_escalate = True  # nobody else counts them now
             worker.shut_down("its supervisor is gone")
             return
         if command == STOP:
@@ -112,11 +117,9 @@ def _obeying(pipe: Connection, worker: Worker) -> Iterator[None]:
 
 
 def child_main(options: RunOptions, pipe: Connection) -> None:
-    """A supervised worker process's entry point."""
-    # Until the worker's own handlers are in, a stop signal waits: the supervisor's ``stop``
-    # comes through the pipe and is read once the worker runs.
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
+    """A supervised worker process's entry point. It starts with the stop signals blocked
+    (the supervisor starts it so): one that comes before the worker's handlers are in waits
+    for them instead of killing the process half-started."""
     logs.choose(*options.logs)
     try:
         serve_here(options, pipe)

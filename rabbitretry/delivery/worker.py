@@ -76,7 +76,8 @@ class Worker:
     _channels: list[amqp.Channel] = field(default_factory=list, init=False)
     _watcher: asyncio.Task[None] | None = field(default=None, init=False)
     _main: asyncio.Task[Any] | None = field(default=None, init=False)
-    _signals_escalate: bool = field(default=True, init=False)
+    signals_escalate: bool = field(default=True, init=False)
+    """Whether a second stop signal interrupts the in-flight attempts (see :meth:`run`)."""
     on_started: Callable[[], None] | None = None
     """Called once every consumer is consuming (a supervisor's sign that the start-up held)."""
 
@@ -85,18 +86,18 @@ class Worker:
         self._stopping.set()
 
     def shut_down(self, cause: str) -> None:
-        """What a first stop signal does, for ``cause`` (a signal's name, or who asked): during
-        start-up give the start-up up, after it stop as :meth:`stop` does and say so. Once the
-        worker is stopping, nothing more. Needs :meth:`run` with ``install_signal_handlers``."""
+        """What a first stop signal does, for ``cause`` (a signal, or who asked): give the
+        start-up up, or stop as :meth:`stop` does and say so; once stopping, nothing."""
         if self._stopping.is_set():
             return
-        if not self.started and self._main is not None:
+        if not self.started:
             log.info("worker %s: %s during start-up, giving up", self.name, cause)
             self._cancelled_start = True
             self._stopping.set()
-            self._main.cancel()
+            if self._main is not None:
+                self._main.cancel()
             return
-        again = " (send it again to interrupt in-flight attempts)" if self._signals_escalate else ""
+        again = " (send it again to interrupt in-flight attempts)" if self.signals_escalate else ""
         log.info("worker %s: %s, stopping%s", self.name, cause, again)
         self.stop()
 
@@ -123,14 +124,20 @@ class Worker:
         """Consume until :meth:`stop`; with ``install_signal_handlers``, until SIGTERM, SIGINT
         or SIGHUP (a second one interrupts the in-flight attempts instead of waiting, unless
         ``signals_escalate`` is false: a supervisor that counts the signals says when)."""
+        if self._cancelled_start:  # shut down before it ran
+            log.info("worker %s stopped before it started consuming", self.name)
+            return
         if not install_signal_handlers:
             await self._run()
             return
         loop = asyncio.get_running_loop()
         self._main = main = asyncio.current_task()
-        self._signals_escalate = signals_escalate
+        self.signals_escalate = signals_escalate
         for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, self._on_signal, sig)
+        # Stop signals held back while the process started (a supervisor's worker processes
+        # start with them blocked) arrive now, at these handlers.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         try:
             await self._run()
         except asyncio.CancelledError:
@@ -143,15 +150,12 @@ class Worker:
                 loop.remove_signal_handler(sig)
 
     def _on_signal(self, sig: signal.Signals) -> None:
-        if not self._stopping.is_set() or not self._signals_escalate:
+        if not self._stopping.is_set() or not self.signals_escalate:
             self.shut_down(sig.name)
             return
         self.interrupt(f"{sig.name} again")
-        # A third signal gets the default action: Ctrl-C raises KeyboardInterrupt, SIGTERM and
-        # SIGHUP end the process at once.
-        loop = asyncio.get_running_loop()
-        for stop_signal in STOP_SIGNALS:
-            loop.remove_signal_handler(stop_signal)
+        for stop_signal in STOP_SIGNALS:  # a third one gets the default action: exit at once
+            asyncio.get_running_loop().remove_signal_handler(stop_signal)
 
     async def _run(self) -> None:
         async with contextlib.AsyncExitStack() as stack:
@@ -354,8 +358,7 @@ class Worker:
 
     @property
     def consuming_node(self) -> str | None:
-        """The URL (password masked) of the node the consumers are connected to, or were last:
-        with several URLs, the one that answered, then the one failed over to."""
+        """The URL (password masked) of the node the consumers use, or used last."""
         if not self._connections:
             return None
         return amqp.node_url(self._connections[0])
@@ -371,9 +374,8 @@ class Worker:
         return {key: labels[url] if url else "default" for key, url in known.items()}
 
     def health(self) -> Health:
-        """The worker's own view of its health, without I/O (``/healthz`` adds a database
-        query): the broker connections, the outage gates (one ``ledger:LABEL`` check per
-        database when it uses several), and the consumers."""
+        """The worker's own view of its health, without I/O (``/healthz`` adds a query): the
+        broker connections, the outage gates (``ledger:LABEL`` per database), the consumers."""
         gates = self._gates
         broker = consumers = "ok"
         if any(conn.is_closed for conn in self._connections):

@@ -7,8 +7,14 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from rabbitretry import topology_of
+from tests.acceptance.cli_runner import broker_cleanup_fixture  # noqa: F401 (fixture)
+from tests.acceptance.slow import Slow
+from tests.integration.conftest import BrokerCleanup
 
 
 @pytest.fixture
@@ -31,3 +37,11 @@ def cli(amqp_url: str, database_url: str) -> Callable[..., subprocess.CompletedP
         )
 
     return run
+
+
+@pytest.fixture
+def slow_queue(queue_name: str, broker_cleanup: BrokerCleanup) -> str:
+    """A queue of this test's for ``tests.acceptance.slow:Slow`` (``RR_SLOW_QUEUE``)."""
+    consumer: Any = type("SlowHere", (Slow,), {"queue": queue_name})
+    broker_cleanup.topology(topology_of([consumer]))
+    return queue_name

@@ -2,7 +2,8 @@
 
 ``tests.acceptance.slow:Slow``: its queue is ``RR_SLOW_QUEUE`` (each test has its own), and
 with ``RR_SLOW_SETUP`` set its ``setup()`` hangs, to catch a signal during start-up. Its handler
-takes an hour, or ``RR_SLOW_SECONDS``.
+takes an hour, or ``RR_SLOW_SECONDS``. With ``RR_SLOW_IMPORT`` its module takes that many
+seconds to import, to catch a signal before the worker has any handler of its own.
 """
 
 from __future__ import annotations
@@ -10,9 +11,14 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 from typing import Any
 
 from rabbitretry import Consumer, Context
+
+if os.environ.get("RR_SLOW_IMPORT"):
+    print("slow import started", file=sys.stderr, flush=True)
+    time.sleep(float(os.environ["RR_SLOW_IMPORT"]))
 
 
 class Slow(Consumer[dict[str, Any]]):

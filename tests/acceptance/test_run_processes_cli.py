@@ -6,26 +6,14 @@ from __future__ import annotations
 import os
 import re
 import signal
-from typing import Any
 
 import asyncpg
 import pytest
 
-from rabbitretry import topology_of
 from tests.acceptance.cli import Worker, worker
-from tests.acceptance.cli_runner import broker_cleanup_fixture  # noqa: F401 (fixture)
-from tests.acceptance.slow import Slow
-from tests.integration.conftest import BrokerCleanup
 from tests.integration.harness import publish
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
-
-
-@pytest.fixture
-def slow_queue(queue_name: str, broker_cleanup: BrokerCleanup) -> str:
-    consumer: Any = type("SlowHere", (Slow,), {"queue": queue_name})
-    broker_cleanup.topology(topology_of([consumer]))
-    return queue_name
 
 
 async def consuming_pids(run: Worker, count: int) -> list[int]:
@@ -172,3 +160,31 @@ async def test_worker_processes_whose_supervisor_is_killed_stop_by_themselves(
     gone = [line for line in run.log if "its supervisor is gone, stopping" in line]
     assert len(gone) == 2, run.log
     assert sum(line.endswith(f"{pid} stopped") for line in run.log for pid in pids) == 2
+
+
+async def test_a_stop_during_the_worker_processes_start_ends_it_cleanly(
+    amqp_url: str, database_url: str, slow_queue: str
+) -> None:
+    """Ctrl-C reaches worker processes still importing their consumer: the signal waits for
+    their handlers instead of killing them with a traceback."""
+    async with worker(
+        amqp_url, database_url, slow_queue, "-p", "2", group=True, RR_SLOW_IMPORT="1"
+    ) as run:
+        await run.wait_for_lines("slow import started", 3)  # the supervisor's check, then each
+        os.killpg(run.process.pid, signal.SIGINT)
+        assert await run.exit_code(timeout=30) == 0
+    assert not any("Traceback" in line or "KeyboardInterrupt" in line for line in run.log)
+    assert run.log[-1].endswith("all worker processes stopped"), run.log
+
+
+async def test_a_worker_process_stopped_on_its_own_is_started_again(
+    amqp_url: str, database_url: str, slow_queue: str
+) -> None:
+    async with worker(amqp_url, database_url, slow_queue, "-p", "2", group=True) as run:
+        first, _ = await consuming_pids(run, 2)
+        os.kill(first, signal.SIGTERM)
+        ended = await run.wait_for_line(f"(pid {first}) ended")
+        assert "ended (exit code 0)" in ended and "starting it again in 1 s" in ended, ended
+        await consuming_pids(run, 3)
+        run.process.send_signal(signal.SIGTERM)
+        assert await run.exit_code(timeout=30) == 0

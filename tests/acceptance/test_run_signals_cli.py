@@ -4,26 +4,14 @@ and a signal during start-up ends the start-up."""
 from __future__ import annotations
 
 import signal
-from typing import Any
 
 import asyncpg
 import pytest
 
-from rabbitretry import topology_of
 from tests.acceptance.cli import worker
-from tests.acceptance.cli_runner import broker_cleanup_fixture  # noqa: F401 (fixture)
-from tests.acceptance.slow import Slow
-from tests.integration.conftest import BrokerCleanup
 from tests.integration.harness import publish
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
-
-
-@pytest.fixture
-def slow_queue(queue_name: str, broker_cleanup: BrokerCleanup) -> str:
-    consumer: Any = type("SlowHere", (Slow,), {"queue": queue_name})
-    broker_cleanup.topology(topology_of([consumer]))
-    return queue_name
 
 
 async def test_a_second_ctrl_c_interrupts_the_in_flight_attempts(
