@@ -28,11 +28,12 @@ from rabbitretry.db import Pool, Record, query
 # broker outage, an outbox relay that resends, a reconciliation window.
 MIN_WINDOW = timedelta(days=3)
 BATCH = 5_000  # rows per statement: short transactions, no long locks on a busy ledger
-# After each batch, rest this many times as long as it took: a prune then keeps at most a fifth
-# of one database backend busy, and the workers the rest. With rows that are all in memory a
-# batch is pure CPU, and on a saturated two-core machine a rest of 1 cost the workers a quarter
-# of their rate, 4 a twentieth (docs/benchmarks.md, "Ten million rows").
-REST = 4.0
+# After each batch, rest this many times as long as it took: a prune then keeps at most a
+# seventh of one database backend busy, and the workers the rest. With rows that are all in
+# memory a batch is pure CPU, and on a saturated two-core machine a rest of 1 cost the workers a
+# quarter of their rate, 4 a tenth, 6 nothing measurable (docs/benchmarks.md, "Ten million
+# rows"); since batches delete by ctid, 6 prunes as fast as 4 did before.
+REST = 6.0
 RACE_TRIES = 3  # a batch that loses a deadlock to a worker is taken again, up to this often
 # Compact succeeded messages after this long by default: well past a reconciliation's look-back
 # (its orphan check lists succeeded keys by queue, which a compacted key cannot give) and the
