@@ -4,9 +4,10 @@ One worker process uses one core (its event loop); a machine with more runs more
 each with its own connections and consumers on the same queues and ledger. The supervisor
 starts them, passes its stop signals on (the first stops them gracefully, the second
 interrupts their in-flight attempts, the third kills them), and starts a process again when
-it dies, after a pause that doubles while it keeps dying soon after its start. A process that
-fails its first start fails them all: that is a mistake in the command or the setup (a
-consumer that does not import, a ledger not migrated), the same for every process.
+it dies, after a pause that doubles while it keeps dying soon after its start. It imports the
+consumers itself first, so that a mistake there is said once. A process that fails its first
+start fails them all: that is a mistake in the setup (a ledger not migrated, a database that
+refuses the connection), the same for every process.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ class Child:
     """One worker process and its end of the pipe."""
 
     def __init__(self, options: RunOptions, index: int) -> None:
-        self.index = index
         self.pipe, theirs = multiprocessing.Pipe()
         # spawn, not fork: a process of its own, with none of the supervisor's state.
         context = multiprocessing.get_context("spawn")
