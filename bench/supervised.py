@@ -21,6 +21,7 @@ from typing import Any
 import asyncpg
 
 from bench.costs import RABBITRETRY_TABLES, cpu_per_message, database_costs, process_tree_cpu
+from bench.processes import SUCCEEDED
 from bench.services import AMQP_URL, delete_queues, prefill, random_name
 from bench.supervised_consumer import Noop
 from bench.throughput import TIMEOUT, RunResult, _bodies
@@ -28,7 +29,6 @@ from rabbitretry import amqp, topology_of
 from rabbitretry.topology import declare
 
 POLL = 0.02  # seconds between two counts of the ledger
-SUCCEEDED = "SELECT count(*) FROM rabbitretry.ledger WHERE queue = $1 AND status = 'succeeded'"
 
 
 async def run_supervised(

@@ -168,7 +168,8 @@ class Supervisor:
                 self._stop_all()
                 return code
             first = False
-            deaths = 1 if child.lived() >= HEALTHY_AFTER else deaths + 1
+            lived = child.lived()
+            deaths = 1 if lived >= HEALTHY_AFTER else deaths + 1
             pause = restart_pause(deaths)
             log.log(
                 logging.WARNING if code == 0 else logging.ERROR,
@@ -177,7 +178,7 @@ class Supervisor:
                 child.process.pid,
                 "ended" if code == 0 else "died",
                 _ending(code),
-                child.lived(),
+                lived,
                 pause,
             )
             await self._pause(pause)
