@@ -1,5 +1,6 @@
 """What a run costs per message, in figures a noisy machine does not move: the consumer's own
-CPU time, and in the database the WAL bytes, commits, rows written and bytes stored.
+CPU time, and in the database the WAL bytes, commits, rows written, bytes stored and the CPU
+time of the database server itself (when it runs on this machine).
 
 Rates on a shared 2-core machine wobble by a fifth from one minute to the next; these do not,
 so a change to the hot path shows its effect here first. The database figures are taken over
@@ -28,7 +29,8 @@ RABBITRETRY_TABLES = ("rabbitretry.ledger", "rabbitretry.attempt")
 NAIVE_TABLES = ("public.bench_naive",)
 
 SNAPSHOT = """
-SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal,
+SELECT pg_backend_pid() AS backend,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal,
        (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()) AS commits,
        coalesce((SELECT sum(n_tup_ins + n_tup_upd + n_tup_del) FROM pg_stat_user_tables
                  WHERE relid = ANY (SELECT to_regclass(t) FROM unnest($1::text[]) AS t)), 0)
@@ -48,6 +50,8 @@ class DatabaseSnapshot:
     """Rows inserted, updated and deleted in the tables."""
     bytes: int
     """The tables' size on disk, indexes and TOAST included."""
+    server_cpu: float | None = None
+    """Seconds of CPU the database server's processes have spent (None: not on this machine)."""
 
 
 def per_message(
@@ -58,12 +62,15 @@ def per_message(
     snapshot that opens the span), not counted as commits."""
     if messages <= 0:
         raise ValueError("no messages")
-    return {
+    found = {
         "wal_bytes": (after.wal - before.wal) / messages,
         "commits": (after.commits - before.commits - own_reads) / messages,
         "rows": (after.rows - before.rows) / messages,
         "table_bytes": (after.bytes - before.bytes) / messages,
     }
+    if before.server_cpu is not None and after.server_cpu is not None:
+        found["db_cpu_us"] = cpu_per_message(after.server_cpu - before.server_cpu, messages)
+    return found
 
 
 def cpu_per_message(cpu_seconds: float, messages: int) -> float:
@@ -73,12 +80,15 @@ def cpu_per_message(cpu_seconds: float, messages: int) -> float:
     return cpu_seconds / messages * 1e6
 
 
-def stat_cpu(stat: str) -> tuple[int, int]:
+def stat_cpu(stat: str, children: bool = False) -> tuple[int, int]:
     """(parent pid, CPU clock ticks in user and system mode) from the text of
-    ``/proc/<pid>/stat``; the command name, in parentheses, may hold spaces and parentheses."""
+    ``/proc/<pid>/stat``; with ``children``, the ticks of its children that ended and were
+    waited for instead. The command name, in parentheses, may hold spaces and parentheses."""
     fields = stat.rsplit(")", 1)[1].split()
-    # After the name: state, ppid, ... utime and stime are the 14th and 15th fields of the line.
-    return int(fields[1]), int(fields[11]) + int(fields[12])
+    # After the name: state, ppid, ... utime, stime, cutime and cstime are the 14th to 17th
+    # fields of the line.
+    first = 13 if children else 11
+    return int(fields[1]), int(fields[first]) + int(fields[first + 1])
 
 
 def tree_ticks(processes: Mapping[int, tuple[int, int]], root: int) -> int:
@@ -95,25 +105,48 @@ def tree_ticks(processes: Mapping[int, tuple[int, int]], root: int) -> int:
     return total
 
 
-def process_tree_cpu(root: int) -> float:
-    """Seconds of CPU spent so far by process ``root`` and its descendants (Linux ``/proc``):
-    a worker whose pool runs in processes of its own, as Celery's prefork pool does."""
+def processes() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, CPU ticks) of every process this machine shows (Linux ``/proc``)."""
     found: dict[int, tuple[int, int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError, IndexError, ValueError):
                 found[int(entry.name)] = stat_cpu((entry / "stat").read_text())
-    return tree_ticks(found, root) / os.sysconf("SC_CLK_TCK")
+    return found
+
+
+def process_tree_cpu(root: int) -> float:
+    """Seconds of CPU spent so far by process ``root`` and its descendants (Linux ``/proc``):
+    a worker whose pool runs in processes of its own, as Celery's prefork pool does."""
+    return tree_ticks(processes(), root) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu(backend: int) -> float | None:
+    """Seconds of CPU a PostgreSQL server has spent so far, found from one of its backends'
+    pid: its postmaster's, its live processes' (backends, WAL writer, autovacuum...) and those
+    of its processes that ended (the postmaster's waited-for children). Between two readings
+    the difference is exact: a process that ended meanwhile is counted by its parent's total,
+    less what it had spent at the first reading. None when the server is not on this machine
+    (the pid is not a PostgreSQL process here)."""
+    try:
+        if Path(f"/proc/{backend}/comm").read_text().strip() != "postgres":
+            return None
+        postmaster = stat_cpu(Path(f"/proc/{backend}/stat").read_text())[0]
+        _, ended = stat_cpu(Path(f"/proc/{postmaster}/stat").read_text(), children=True)
+    except (OSError, IndexError, ValueError):
+        return None
+    return (tree_ticks(processes(), postmaster) + ended) / os.sysconf("SC_CLK_TCK")
 
 
 async def snapshot(database_url: str, tables: Sequence[str]) -> DatabaseSnapshot:
     conn = await asyncpg.connect(database_url)
     try:
         row = await conn.fetchrow(SNAPSHOT, list(tables))
+        assert row is not None
+        cpu = server_cpu(row["backend"])  # while the backend is there to find its server by
     finally:
         await conn.close()
-    assert row is not None
-    return DatabaseSnapshot(row["wal"], row["commits"], row["rows"], row["bytes"])
+    return DatabaseSnapshot(row["wal"], row["commits"], row["rows"], row["bytes"], cpu)
 
 
 @contextlib.asynccontextmanager

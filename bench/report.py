@@ -42,6 +42,7 @@ COSTS = (
     ("commits", "commits", ".2f"),
     ("rows", "rows written", ".2f"),
     ("table_bytes", "bytes stored", ",.0f"),
+    ("db_cpu_us", "database CPU (µs)", ",.0f"),
 )
 
 

@@ -1,5 +1,5 @@
 -- The ledger database of rabbitretry, whole: every table, index, constraint, function and
--- trigger of the schema `rabbitretry` as the migrations 0001 to 0019 leave it, in one file to
+-- trigger of the schema `rabbitretry` as the migrations 0001 to 0020 leave it, in one file to
 -- read (what is stored, and why) and to build an empty database from in one step:
 --
 --     psql --single-transaction -f rabbitretry/sql/schema.sql "$RABBITRETRY_DATABASE_URL"
@@ -77,10 +77,15 @@ CREATE TABLE rabbitretry.ledger (
     )
 );
 
--- Served scans: dead letters by queue and age, retries coming due, leases running out.
+-- Served scans: dead letters by queue and age, retries coming due, leases running out. The
+-- last two require their time (which the check constraints make true of all their rows) so
+-- that a statement naming one key and its state looks it up by key: it cannot use them, and a
+-- full scan of their dead entries (each claim adds one, each success leaves it) is not chosen.
 CREATE INDEX ledger_dead_idx ON rabbitretry.ledger (queue, finished_at) WHERE status = 'dead';
-CREATE INDEX ledger_retry_due_idx ON rabbitretry.ledger (next_retry_at) WHERE status = 'retrying';
-CREATE INDEX ledger_lease_idx ON rabbitretry.ledger (lease_until) WHERE status = 'processing';
+CREATE INDEX ledger_retry_due_idx ON rabbitretry.ledger (next_retry_at)
+    WHERE status = 'retrying' AND next_retry_at IS NOT NULL;
+CREATE INDEX ledger_lease_idx ON rabbitretry.ledger (lease_until)
+    WHERE status = 'processing' AND lease_until IS NOT NULL;
 -- Orphan check of an expected-vs-actual reconciliation: what succeeded in a time window.
 CREATE INDEX ledger_succeeded_idx ON rabbitretry.ledger (queue, finished_at)
     WHERE status = 'succeeded';
@@ -872,7 +877,7 @@ CREATE TRIGGER ledger_recover_on_dead
 -- Migrations ---------------------------------------------------------------------------------
 
 -- The migrations applied (rabbitretry.db.migrate writes a row per migration); these rows say
--- that this schema stands for migrations 0001 to 0019.
+-- that this schema stands for migrations 0001 to 0020.
 CREATE TABLE rabbitretry.schema_migration (
     version     integer     PRIMARY KEY,
     name        text        NOT NULL,
@@ -897,4 +902,5 @@ INSERT INTO rabbitretry.schema_migration (version, name) VALUES
     (16, 'unstarted_deaths'),
     (17, 'late_start_marks'),
     (18, 'one_row_per_attempt'),
-    (19, 'compacted_succeeded_keys');
+    (19, 'compacted_succeeded_keys'),
+    (20, 'key_lookups_by_key');

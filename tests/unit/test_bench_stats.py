@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -186,11 +187,31 @@ def test_costs_per_message_leave_out_the_benchmarks_own_reads() -> None:
         costs.per_message(before, after, 0)
 
 
+def test_the_database_servers_cpu_counts_when_both_readings_have_it() -> None:
+    before = costs.DatabaseSnapshot(wal=0, commits=0, rows=0, bytes=0, server_cpu=12.0)
+    after = costs.DatabaseSnapshot(wal=0, commits=1, rows=0, bytes=0, server_cpu=12.003)
+    assert costs.per_message(before, after, 10)["db_cpu_us"] == pytest.approx(300.0)
+    remote = costs.DatabaseSnapshot(wal=0, commits=1, rows=0, bytes=0)
+    assert "db_cpu_us" not in costs.per_message(before, remote, 10)
+
+
+def test_stat_reads_a_process_own_ticks_or_its_ended_childrens() -> None:
+    # pid (comm) state ppid ... utime stime cutime cstime (14th to 17th fields)
+    line = "42 (post (gres)) S 7 " + " ".join(["0"] * 9) + " 30 12 500 70 20 0"
+    assert costs.stat_cpu(line) == (7, 42)
+    assert costs.stat_cpu(line, children=True) == (7, 570)
+
+
+def test_a_server_not_on_this_machine_has_no_cpu_reading() -> None:
+    assert costs.server_cpu(os.getpid()) is None  # this process is not a PostgreSQL one
+    assert costs.server_cpu(2**22 + 1) is None  # no such process
+
+
 def test_the_costs_table_shows_each_run_with_what_it_measured() -> None:
     table = report.costs_table(COSTS)
-    assert "| A raw aio-pika (32) | 100 |  |  |  |  |" in table
-    assert "| C rabbitretry (32) | 350 | 1,460 | 0.12 | 4.00 | 852 |" in table
-    assert "| D dramatiq (1x8) | 80 |  |  |  |  |" in table
+    assert "| A raw aio-pika (32) | 100 |  |  |  |  |  |" in table
+    assert "| C rabbitretry (32) | 350 | 1,460 | 0.12 | 4.00 | 852 |  |" in table
+    assert "| D dramatiq (1x8) | 80 |  |  |  |  |  |" in table
 
 
 def test_report_tables_show_every_variant_spreads_and_missed_targets() -> None:

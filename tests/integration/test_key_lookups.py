@@ -1,0 +1,99 @@
+"""A statement that names one message finds its row through the primary key, whatever the
+indexes of rows in flight hold.
+
+``ledger_lease_idx`` gains an entry with every claim, and a success leaves it dead until a
+vacuum; on a big ledger that comes after millions of changes. A success mark planned as a
+scan of that index (its predicate matched the statement's ``status = 'processing'``) read
+all of it, thousands of pages, instead of one key. Migration 0020 made both indexes of rows
+in flight unusable for such statements; these tests keep it so for every statement that
+names a key, in the plan a prepared statement gets first (custom) and later (generic).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import asyncpg
+import pytest
+
+from rabbitretry import db
+
+# Statements naming one ledger row (or one per array element) and its state in flight.
+BY_KEY = re.compile(r"queue = \$1 AND (?:l\.)?message_id = \$2|l\.message_id = i\.message_id")
+IN_FLIGHT_INDEXES = ("ledger_lease_idx", "ledger_retry_due_idx")
+
+# A value for each parameter type the statements take.
+VALUES: dict[str, Any] = {
+    "text": "'q'",
+    "int4": "1",
+    "int8": "1",
+    "float8": "1.0",
+    "bool": "false",
+    "jsonb": "'{}'",
+    "bytea": "'\\x00'",
+    "timestamptz": "now()",
+    "interval": "'1 second'",
+}
+
+
+def argument(type_name: str) -> str:
+    """A literal of the parameter's type (an array of one for ``text[]`` and the like)."""
+    if type_name.endswith("[]"):
+        return f"ARRAY[{VALUES[type_name[:-2]]}]::{type_name}"
+    return f"{VALUES[type_name]}::{type_name}"
+
+
+IN_FLIGHT = re.compile(r"AND (?:l\.)?status = '(?:processing|retrying)'")
+KEYED = sorted(
+    name
+    for name, text in db.queries().items()
+    if BY_KEY.search(text) and IN_FLIGHT.search(text) and "rabbitretry.ledger" in text
+)
+
+
+def test_the_statements_naming_a_key_are_found() -> None:
+    # The pattern finds the hot path's statements: a change of their text must not let them
+    # slip out of the test below.
+    hot = {"finish_attempt", "mark_started", "renew_lease", "schedule_retry"}
+    assert hot <= set(KEYED)
+    assert {"batching_succeeded_many", "batching_started_many"} <= set(KEYED)
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+@pytest.mark.parametrize("name", KEYED)
+async def test_a_statement_naming_a_key_looks_it_up_by_key(
+    pool: asyncpg.Pool, name: str, mode: str
+) -> None:
+    async with pool.acquire() as conn:
+        # Rows in flight, and the dead index entries their successes leave, as on a live ledger.
+        await conn.execute(
+            """
+            INSERT INTO rabbitretry.ledger (queue, message_id, status, max_attempts,
+                                            lease_until, payload, headers, properties)
+            SELECT 'q', 'm-' || i, 'processing', 3, now(), '', '{}', '{}'
+            FROM generate_series(1, 2000) AS i
+            """
+        )
+        await conn.execute(
+            "UPDATE rabbitretry.ledger SET status = 'succeeded', lease_until = NULL,"
+            " finished_at = now() WHERE message_id <> 'm-1'"
+        )
+        await conn.execute("ANALYZE rabbitretry.ledger")
+        parameters = (await conn.prepare(db.query(name))).get_parameters()
+        arguments = ", ".join(argument(p.name) for p in parameters)
+        async with conn.transaction():
+            await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
+            await conn.execute(f"PREPARE keyed AS {db.query(name)}")
+            try:
+                plan = "\n".join(
+                    row[0]
+                    for row in await conn.fetch(
+                        f"EXPLAIN EXECUTE keyed{f'({arguments})' if arguments else ''}"
+                    )
+                )
+            finally:
+                await conn.execute("DEALLOCATE keyed")
+    for index in IN_FLIGHT_INDEXES:
+        assert f"using {index}" not in plan, plan
+    assert "ledger_pkey" in plan, plan
