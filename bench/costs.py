@@ -1,12 +1,14 @@
-"""What a run costs per message, in figures a noisy machine does not move: the consumer's own
-CPU time, and in the database the WAL bytes, commits, rows written, bytes stored and the CPU
-time of the database server itself (when it runs on this machine).
+"""What a run costs per message, in figures a noisy machine moves less than the rates: the
+consumer's own CPU time, and in the database the WAL bytes, commits, rows written, bytes stored
+and the CPU time of the database server itself (when it runs on this machine).
 
-Rates on a shared 2-core machine wobble by a fifth from one minute to the next; these do not,
-so a change to the hot path shows its effect here first. The database figures are taken over
-every message of a run (its warm-up included, which writes like the rest), the CPU time over
-the measured ones (:class:`bench.throughput.Clock`). The arithmetic is pure and unit-tested;
-:func:`database_costs` is the only part that talks to PostgreSQL.
+Rates on a shared 2-core machine wobble by a fifth from one minute to the next. The counts
+(WAL, commits, rows, bytes) barely move, so a change to the hot path shows its effect
+there first; CPU times move less than rates, but a busy neighbour slows every instruction
+too. The database figures are taken over every message of a run (its warm-up included, which
+writes like the rest), the consumer's CPU time over the measured ones
+(:class:`bench.throughput.Clock`). The arithmetic is pure and unit-tested; :func:`snapshot`
+is the only part that talks to PostgreSQL.
 """
 
 from __future__ import annotations
