@@ -1,5 +1,5 @@
 -- The ledger database of rabbitretry, whole: every table, index, constraint, function and
--- trigger of the schema `rabbitretry` as the migrations 0001 to 0020 leave it, in one file to
+-- trigger of the schema `rabbitretry` as the migrations 0001 to 0021 leave it, in one file to
 -- read (what is stored, and why) and to build an empty database from in one step:
 --
 --     psql --single-transaction -f rabbitretry/sql/schema.sql "$RABBITRETRY_DATABASE_URL"
@@ -393,6 +393,82 @@ BEGIN
     WHERE l.queue = p_queue AND l.message_id = p_message_id;
     RETURN QUERY SELECT 'claimed'::text, r.attempts + 1, r.attempts + 1 - r.attempts_forgiven,
                         0::float8, 'processing'::text;
+END;
+$$;
+
+
+-- The commit groups' statements (rabbitretry/ledger/commits.py), one function each so that
+-- their bodies keep one generic plan per session whatever the size of the group: a custom
+-- plan counts the arrays' elements and, under 10 of them, looks cheaper than the generic plan
+-- every time, so the statement was planned again at each execution (migration 0021).
+CREATE FUNCTION rabbitretry.claim_many(
+    p_queues text[], p_message_ids text[], p_max_attempts integer[],
+    p_lease_seconds double precision[], p_workers text[], p_copy_attempts integer[],
+    p_payloads bytea[], p_headers jsonb[], p_properties jsonb[], p_exchanges text[],
+    p_routing_keys text[]
+) RETURNS TABLE (ord bigint, verdict text, attempt integer, budget_attempt integer,
+                 wait_seconds double precision, status text)
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+BEGIN
+    -- Claimed in the order given: callers sort by key, so that two groups lock rows in the
+    -- same order.
+    RETURN QUERY
+    SELECT i.ord, c.verdict, c.attempt, c.budget_attempt, c.wait_seconds, c.status
+    FROM unnest(p_queues, p_message_ids, p_max_attempts, p_lease_seconds, p_workers,
+                p_copy_attempts, p_payloads, p_headers, p_properties, p_exchanges,
+                p_routing_keys)
+         WITH ORDINALITY AS i(queue, message_id, max_attempts, lease_seconds, worker,
+                              copy_attempts, payload, headers, properties, exchange,
+                              routing_key, ord)
+    CROSS JOIN LATERAL rabbitretry.claim(i.queue, i.message_id, i.max_attempts,
+                                         i.lease_seconds, i.worker, i.copy_attempts,
+                                         i.payload, i.headers, i.properties, i.exchange,
+                                         i.routing_key) AS c;
+END;
+$$;
+
+-- The success marks of many attempts (as finish_attempt with status succeeded; p_keep: keep
+-- each one's snapshot, else only the publish time of its properties stays). Returns the
+-- attempts that were still current; one missing had lost its lease to another attempt.
+CREATE FUNCTION rabbitretry.succeed_many(
+    p_queues text[], p_message_ids text[], p_attempts integer[], p_keep boolean[]
+) RETURNS TABLE (queue text, message_id text, attempt integer)
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+BEGIN
+    RETURN QUERY
+    UPDATE rabbitretry.ledger l
+    SET status = 'succeeded', reason = NULL, error_type = NULL, error_message = NULL,
+        error_traceback = NULL, error_fingerprint = NULL, finished_at = now(),
+        updated_at = now(), lease_until = NULL, next_retry_at = NULL,
+        payload = CASE WHEN i.keep THEN l.payload END,
+        headers = CASE WHEN i.keep THEN l.headers END,
+        properties = CASE
+            WHEN i.keep THEN l.properties
+            WHEN l.properties ? 'timestamp'
+            THEN jsonb_build_object('timestamp', l.properties -> 'timestamp')
+        END
+    FROM unnest(p_queues, p_message_ids, p_attempts, p_keep)
+         AS i(queue, message_id, attempt, keep)
+    WHERE l.queue = i.queue AND l.message_id = i.message_id AND l.attempts = i.attempt
+      AND l.status = 'processing'
+    RETURNING l.queue, l.message_id, l.attempts;
+END;
+$$;
+
+-- The start marks of many attempts (as mark_started). Returns the attempts still open; one
+-- missing is no longer ours.
+CREATE FUNCTION rabbitretry.mark_started_many(
+    p_queues text[], p_message_ids text[], p_attempts integer[]
+) RETURNS TABLE (queue text, message_id text, attempt integer)
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+BEGIN
+    RETURN QUERY
+    UPDATE rabbitretry.ledger l
+    SET handler_started_at = clock_timestamp()
+    FROM unnest(p_queues, p_message_ids, p_attempts) AS i(queue, message_id, attempt)
+    WHERE l.queue = i.queue AND l.message_id = i.message_id AND l.attempts = i.attempt
+      AND l.status = 'processing'
+    RETURNING l.queue, l.message_id, l.attempts;
 END;
 $$;
 
@@ -877,7 +953,7 @@ CREATE TRIGGER ledger_recover_on_dead
 -- Migrations ---------------------------------------------------------------------------------
 
 -- The migrations applied (rabbitretry.db.migrate writes a row per migration); these rows say
--- that this schema stands for migrations 0001 to 0020.
+-- that this schema stands for migrations 0001 to 0021.
 CREATE TABLE rabbitretry.schema_migration (
     version     integer     PRIMARY KEY,
     name        text        NOT NULL,
@@ -903,4 +979,5 @@ INSERT INTO rabbitretry.schema_migration (version, name) VALUES
     (17, 'late_start_marks'),
     (18, 'one_row_per_attempt'),
     (19, 'compacted_succeeded_keys'),
-    (20, 'key_lookups_by_key');
+    (20, 'key_lookups_by_key'),
+    (21, 'group_writes_planned_once');

@@ -114,6 +114,38 @@ async def test_only_successful_claims_skip_the_wait_for_their_flush(pool: asyncp
         assert await commit_mode_after(conn, many, *many_claim_args(["w", "x"])) == "on"
 
 
+async def test_a_group_statement_is_planned_once_whatever_its_size(pool: asyncpg.Pool) -> None:
+    # A custom plan counts the arrays' elements: under 10 it looked cheaper than the generic
+    # plan every time, and each group of a few writes was planned again (migration 0021).
+    async with pool.acquire() as conn:
+        for group in range(8):
+            ids = [f"{group}-{i}" for i in range(4)]
+            await conn.fetch(query("batching_claim_many"), *many_claim_args(ids))
+            await conn.fetch(query("batching_succeeded_many"), ["q"] * 4, ids, [1] * 4, [False] * 4)
+            await conn.fetch(query("batching_started_many"), ["q"] * 4, ids, [1] * 4)
+        plans = await conn.fetch(
+            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement = ANY($1::text[])",
+            [query(name) for name in GROUPED],
+        )
+        # The statements run by the functions those call keep a generic plan too.
+        settings = await conn.fetch(
+            "SELECT proname, proconfig FROM pg_proc"
+            " WHERE pronamespace = 'rabbitretry'::regnamespace AND proname = ANY($1::text[])",
+            ["claim_many", "succeed_many", "mark_started_many"],
+        )
+    assert len(plans) == len(GROUPED)
+    for plan in plans:
+        # PostgreSQL tries five custom plans before it compares them with the generic one.
+        assert plan["custom_plans"] <= 5 and plan["generic_plans"] >= 3, dict(plan)
+    assert len(settings) == 3
+    for function in settings:
+        assert function["proconfig"] == ["plan_cache_mode=force_generic_plan"], dict(function)
+
+
+GROUPED = ["batching_claim_many", "batching_succeeded_many", "batching_started_many"]
+
+
 async def test_a_busy_worker_records_every_message_once(
     amqp_url: str,
     database_url: str,
