@@ -2,9 +2,9 @@
 -- start marks in one statement over arrays) were planned again at every execution. A prepared
 -- statement gets a generic plan once its custom plans cost no less; but a custom plan sees the
 -- arrays' values, so it counts their elements (a group of 4), while the generic plan assumes 10,
--- and under 10 elements the custom plan always looked cheaper. A group of 4 claims then cost the
--- server about 75 µs more to plan than to run each time, a group of 4 success marks about 150:
--- a fifth of the database's CPU per message at concurrency 8.
+-- and under 10 elements the custom plan always looked cheaper. Planning a group of 4 claims cost
+-- the server about 75 µs each time, a group of 4 success marks about 150: a quarter of its CPU
+-- per message for groups of 4.
 --
 -- Each group statement is now a function that forces the generic plan of its body (the plan is
 -- kept with the session, as for any PL/pgSQL statement); what calls it has the same plan for any
