@@ -1,6 +1,9 @@
 -- The ledger writes an operator's actions make (see rabbitretry/ledger/operator.py): ignore,
--- undo an ignore, replace a payload before a replay, mark a replay. An action on many messages writes each message's audit row in the same
--- statement, so the audit can never disagree with the ledger.
+-- undo an ignore, replace a payload before a replay, mark a replay. An action on many
+-- messages writes each message's audit row in the same statement, so the audit can never
+-- disagree with the ledger. A dead letter named by its key is tested with `status IS NOT
+-- DISTINCT FROM 'dead'`, so that it is found by its key, never by a scan of ledger_dead_idx
+-- (see lock_dead in operations.sql).
 
 -- name: operations_ignore
 -- A dead or retrying message no one will retry: its copies are dropped when they arrive.
@@ -15,7 +18,7 @@ RETURNING before.status AS status_before;
 -- name: operations_set_payload
 -- The payload of a locked dead letter, replaced by an operator before its replay.
 UPDATE rabbitretry.ledger SET payload = $3, updated_at = now()
-WHERE queue = $1 AND message_id = $2 AND status = 'dead';
+WHERE queue = $1 AND message_id = $2 AND status IS NOT DISTINCT FROM 'dead';
 
 -- name: operations_ignore_many
 -- Dead letters ($1 queues, $2 keys, pairwise) no one will retry, in one statement: each gets
@@ -25,7 +28,7 @@ WITH chosen AS (
     FROM rabbitretry.ledger l
     JOIN unnest($1::text[], $2::text[]) AS k (queue, message_id)
       ON l.queue = k.queue AND l.message_id = k.message_id
-    WHERE l.status = 'dead'
+    WHERE l.status IS NOT DISTINCT FROM 'dead'
     FOR UPDATE OF l
 ), ignored AS (
     UPDATE rabbitretry.ledger l
@@ -64,4 +67,4 @@ UPDATE rabbitretry.ledger
 SET status = 'retrying', next_retry_at = now(), retry_copy_confirmed = true,
     attempts_forgiven = attempts, replays = replays + 1, finished_at = NULL, reason = NULL,
     headers = $3::jsonb, updated_at = now()
-WHERE queue = $1 AND message_id = $2 AND status = 'dead';
+WHERE queue = $1 AND message_id = $2 AND status IS NOT DISTINCT FROM 'dead';
