@@ -21,7 +21,13 @@ from importlib import resources
 from rabbitretry.db import Connection, LockNotAvailable
 from rabbitretry.errors import ConfigurationError, ServiceUnavailable
 
-__all__ = ["applied_migrations", "migrate", "pending_migrations", "shipped"]
+__all__ = [
+    "applied_migrations",
+    "migrate",
+    "online_statements",
+    "pending_migrations",
+    "shipped",
+]
 
 _MIGRATION_FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 _MIGRATION_LOCK = 0x7261_6262  # advisory lock key: one migrator at a time
@@ -105,14 +111,25 @@ async def _apply_patiently(conn: Connection, version: int, name: str, sql: str) 
     )
 
 
+def online_statements(sql: str) -> list[str] | None:
+    """The statements of a migration that runs outside a transaction, one by one, in order;
+    None for one that runs in a transaction."""
+    if not sql.startswith(_OUTSIDE_TRANSACTION):
+        return None
+    return [
+        statement
+        for statement in _STATEMENT_END.split(sql)
+        if any(
+            line.strip() and not line.lstrip().startswith("--") for line in statement.splitlines()
+        )
+    ]
+
+
 async def _apply(conn: Connection, version: int, name: str, sql: str) -> None:
-    if sql.startswith(_OUTSIDE_TRANSACTION):
-        for statement in _STATEMENT_END.split(sql):
-            if any(
-                line.strip() and not line.lstrip().startswith("--")
-                for line in statement.splitlines()
-            ):
-                await conn.execute(statement, timeout=NO_TIMEOUT)
+    online = online_statements(sql)
+    if online is not None:
+        for statement in online:
+            await conn.execute(statement, timeout=NO_TIMEOUT)
         async with conn.transaction():
             await _record(conn, version, name)
         return

@@ -1,7 +1,9 @@
 """Migrations on a live ledger: a lock held by another transaction is waited for briefly (so
 that the workers' writes never queue behind a migration for long) and the command says what
 to do; a migration marked to run outside a transaction runs statement by statement, as
-``CREATE INDEX CONCURRENTLY`` needs."""
+``CREATE INDEX CONCURRENTLY`` needs, and every shipped one of those, cut short after any of
+its statements (a deploy killed, a lost connection), ends as if it had run whole once
+``rabbitretry db migrate`` runs again."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import asyncpg
 import pytest
 
 from rabbitretry.ledger import migrations
+from tests.conftest import fresh_database
+from tests.integration.test_schema import describe
 
 ADD_COLUMN = (9001, "probe_column", "ALTER TABLE rabbitretry.ledger ADD COLUMN probe integer;\n")
 ONLINE_INDEX = (
@@ -80,3 +84,41 @@ async def test_an_online_migration_cut_short_runs_again_from_the_start(
         assert await migrations.migrate(conn) == ["9001_probe_column", "9002_probe_index"]
         assert await migrations.migrate(conn) == []
     assert await pool.fetchval("SELECT to_regclass('rabbitretry.probe_idx') IS NOT NULL")
+
+
+# Every point at which a shipped online migration can be cut short: after each statement but
+# the last (a statement cut in its middle fails as a whole, or leaves an invalid index that
+# the statement before it drops).
+CUTS = [
+    pytest.param(version, cut, id=f"{version:04d}_{name}-after-{cut}")
+    for version, name, sql in migrations.shipped()
+    for cut in range(1, len(migrations.online_statements(sql) or [None]))
+]
+
+
+@pytest.mark.parametrize(("version", "cut"), CUTS)
+async def test_a_shipped_online_migration_cut_short_anywhere_ends_as_a_whole_one_does(
+    server_database_url: str,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    version: int,
+    cut: int,
+) -> None:
+    shipped = migrations.shipped()
+    online = migrations.online_statements(next(sql for v, _, sql in shipped if v == version))
+    assert online is not None
+    async with fresh_database(server_database_url, None) as url:
+        conn = await asyncpg.connect(url)
+        try:
+            monkeypatch.setattr(
+                migrations, "shipped", lambda: [m for m in shipped if m[0] < version]
+            )
+            await migrations.migrate(conn)
+            for statement in online[:cut]:
+                await conn.execute(statement)
+            monkeypatch.setattr(migrations, "shipped", lambda: shipped)
+            assert (await migrations.migrate(conn))[0].startswith(f"{version:04d}_")
+        finally:
+            await conn.close()
+        # database_url was migrated in one go.
+        assert await describe(url) == await describe(database_url)
