@@ -29,8 +29,9 @@ import contextlib
 import json
 import logging
 import random
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
@@ -40,7 +41,7 @@ from rabbitretry.db import UNAVAILABLE, Connection, Pool, Record, query
 from rabbitretry.errors import ConnectionLost, PublishError, UnpublishableError
 from rabbitretry.publisher import encode, new_message_id
 
-__all__ = ["Outbox", "OutboxRelay", "RelayStats"]
+__all__ = ["Outbox", "OutboxRelay", "RelayStats", "ScanFloor"]
 
 log = logging.getLogger("rabbitretry.outbox")
 
@@ -48,6 +49,8 @@ NOTIFY_CHANNEL = "rabbitretry_outbox"
 MAX_TRIES = 10  # tries of a row the broker refuses before it is failed for good
 INITIAL_BACKOFF = 1.0  # seconds before the second try, doubling up to MAX_BACKOFF
 MAX_BACKOFF = 300.0
+FULL_SCAN_EVERY = 60.0  # seconds between a relay's scans of every pending row (ScanFloor)
+LATE_COMMIT = timedelta(seconds=60)  # a producer's transaction this long is still seen at once
 
 
 class Outbox:
@@ -100,6 +103,41 @@ class RelayStats:
 
 
 @dataclass
+class ScanFloor:
+    """Where a relay's scan of the pending rows starts.
+
+    Each row sent leaves its entry in the index of pending rows (``outbox_pending_idx``) until
+    a vacuum, and a scan that starts at the oldest due time walks all of them first. An
+    outbox keeps its sent rows for the retention window, so autovacuum comes after days of
+    them: with 500,000 sent since the last vacuum a poll read 1,900 pages (2.8 ms), and the
+    first poll after them 116 ms. So a poll starts ``late_commit`` before the oldest due time
+    the last poll found, and walks only what was sent since. A row's due time is when its
+    transaction began: a row committed more than ``late_commit`` after that, behind a poll
+    that found newer rows, is below the floor, and so is a row that waited behind an older
+    row of its ordering key that backed off; every ``full_scan_every`` seconds a poll scans
+    them all, and finds those.
+    """
+
+    full_scan_every: float = FULL_SCAN_EVERY
+    late_commit: timedelta = LATE_COMMIT
+    floor: datetime | None = None
+    """The due time this relay's polls start at; None until a poll found a row."""
+    _next_full_scan: float = field(default=float("-inf"), init=False)
+
+    def start(self, now: float) -> datetime | None:
+        """Where this poll starts (None: at the oldest row); ``now``, a monotonic clock."""
+        if now >= self._next_full_scan:
+            self._next_full_scan = now + self.full_scan_every
+            return None
+        return self.floor
+
+    def found(self, due_times: Sequence[datetime]) -> None:
+        """The due times of the rows a poll took: the next poll starts from the oldest."""
+        if due_times:
+            self.floor = min(due_times) - self.late_commit
+
+
+@dataclass
 class OutboxRelay:
     """Publishes pending outbox rows. ``await relay.run()`` until ``relay.stop()``.
 
@@ -118,6 +156,7 @@ class OutboxRelay:
     """Seconds a publish may wait for the broker's confirm before its row is left pending
     (with heartbeats on, a silent broker is usually noticed sooner: see the operations guide)."""
     stats: RelayStats = field(default_factory=RelayStats)
+    scan: ScanFloor = field(default_factory=ScanFloor)
     ready: bool = field(default=False, init=False)
     """True once connected and listening."""
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
@@ -165,8 +204,10 @@ class OutboxRelay:
             self.pool.acquire(timeout=db.SILENT_AFTER) as conn,
             db.answered_transaction(conn),
         ):
+            start = self.scan.start(asyncio.get_running_loop().time())
             async with db.answered(conn):
-                rows = await conn.fetch(query("outbox_take"), self.batch_size)
+                rows = await conn.fetch(query("outbox_take"), self.batch_size, start)
+            self.scan.found([row["next_try_at"] for row in rows])
             results = await asyncio.gather(
                 *(publish_row(publisher, row, self.publish_timeout) for row in rows),
                 return_exceptions=True,

@@ -12,10 +12,14 @@ SELECT pg_notify('rabbitretry_outbox', '');
 
 -- name: outbox_take
 -- Pending rows that are due, locked for this relay; a row waits while an older row with the
--- same ordering key is still pending, so messages of one key leave in order.
-SELECT id, exchange, routing_key, message_id, payload, headers, content_type, tries
+-- same ordering key is still pending, so messages of one key leave in order. $2: only rows
+-- due at or after it (NULL: all of them), where the relay's scan starts (ScanFloor in
+-- rabbitretry/outbox.py).
+SELECT id, exchange, routing_key, message_id, payload, headers, content_type, tries,
+       next_try_at
 FROM rabbitretry.outbox o
 WHERE o.status = 'pending' AND o.next_try_at <= now()
+  AND o.next_try_at >= coalesce($2::timestamptz, '-infinity')
   AND (o.ordering_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM rabbitretry.outbox older
         WHERE older.ordering_key = o.ordering_key AND older.status = 'pending'

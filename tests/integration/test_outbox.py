@@ -15,7 +15,8 @@ import pytest
 from examples import shop
 from rabbitretry import Consumer, Topology, UnroutableError, WorkQueue, topology_of
 from rabbitretry.amqp import ConfirmingPublisher, Connection, connect
-from rabbitretry.outbox import Outbox, OutboxRelay
+from rabbitretry.db import query
+from rabbitretry.outbox import Outbox, OutboxRelay, ScanFloor
 from rabbitretry.publisher import Publisher
 from rabbitretry.topology import Binding, Exchange, declare
 from tests.integration.conftest import BrokerCleanup
@@ -241,6 +242,84 @@ async def test_two_relays_publish_each_row_once_and_keep_per_key_order(
     for key in ("k0", "k1", "k2"):
         sequence = [b["seq"] for b in bodies if b["key"] == key]
         assert sequence == sorted(sequence), f"{key} out of order: {sequence}"
+
+
+async def test_a_poll_walks_the_rows_sent_lately_not_all_those_sent_since_the_last_vacuum(
+    amqp_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    amqp_connection: Connection,
+    broker_cleanup: BrokerCleanup,
+) -> None:
+    topology = broker_cleanup.topology(Topology(queues=[WorkQueue(name=queue_name)]))
+    await declare(amqp_connection, topology)
+    # 20,000 rows sent an hour ago, whose entries in the index of pending rows no vacuum has
+    # removed yet (an outbox keeps its sent rows for weeks; autovacuum comes after days).
+    await pool.execute("ALTER TABLE rabbitretry.outbox SET (autovacuum_enabled = false)")
+    await pool.execute(
+        "INSERT INTO rabbitretry.outbox (exchange, routing_key, message_id, payload, next_try_at)"
+        " SELECT '', $1, 'old-' || n, '{}', now() - interval '1 hour' + n * interval '1 ms'"
+        " FROM generate_series(1, 20000) AS n",
+        queue_name,
+    )
+    await pool.execute("UPDATE rabbitretry.outbox SET status = 'sent', sent_at = now()")
+    async with pool.acquire() as conn:
+        for n in range(5):
+            await Outbox().enqueue(conn, "", {"n": n}, routing_key=queue_name, message_id=f"m{n}")
+    async with running_relay(pool, amqp_url) as relay:
+        await wait_for(lambda: _eq(outbox_counts(pool), {"sent": 20005}), timeout=30)
+    assert relay.scan.floor is not None
+    # The pages of that index the relay's next poll reads, and a poll from the oldest entry.
+    assert await pages_read(pool, relay.scan.floor) < 10
+    assert await pages_read(pool, None) > 50
+
+
+async def test_a_row_committed_below_the_floor_waits_for_a_scan_of_every_row(
+    amqp_url: str,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    amqp_connection: Connection,
+    broker_cleanup: BrokerCleanup,
+) -> None:
+    topology = broker_cleanup.topology(Topology(queues=[WorkQueue(name=queue_name)]))
+    await declare(amqp_connection, topology)
+    scan = ScanFloor(full_scan_every=3600)
+    async with running_relay(pool, amqp_url, scan=scan):
+        async with pool.acquire() as conn:
+            await Outbox().enqueue(conn, "", {"n": "first"}, routing_key=queue_name)
+        await wait_for(lambda: _eq(outbox_counts(pool), {"sent": 1}), timeout=15)
+        # A row whose transaction began an hour before it committed: due first, but before
+        # the floor, so the polls that follow pass it over.
+        due = await pool.fetchval(
+            "INSERT INTO rabbitretry.outbox (exchange, routing_key, message_id, payload,"
+            " next_try_at) VALUES ('', $1, 'late', '{\"n\": \"late\"}',"
+            " now() - interval '1 hour') RETURNING next_try_at",
+            queue_name,
+        )
+        assert scan.floor is not None and due < scan.floor
+        async with pool.acquire() as conn:
+            await Outbox().enqueue(conn, "", {"n": "after"}, routing_key=queue_name)
+        await wait_for(lambda: _eq(outbox_counts(pool), {"sent": 2, "pending": 1}), timeout=15)
+    # A relay's first poll (and every full_scan_every seconds, one) scans every pending row.
+    async with running_relay(pool, amqp_url):
+        await wait_for(lambda: _eq(outbox_counts(pool), {"sent": 3}), timeout=15)
+    bodies = await _drain(amqp_url, queue_name)
+    assert [b["n"] for b in bodies] == ["first", "after", "late"]
+
+
+async def pages_read(pool: asyncpg.Pool, start: Any) -> int:
+    """Buffers the relay's poll reads, starting at ``start`` (None: at the oldest row)."""
+    async with pool.acquire() as conn:
+        poll = conn.transaction()
+        await poll.start()
+        try:
+            explained = await conn.fetchval(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query("outbox_take"), 100, start
+            )
+        finally:
+            await poll.rollback()  # whatever it locked
+    plan = (json.loads(explained) if isinstance(explained, str) else explained)[0]["Plan"]
+    return int(plan["Shared Hit Blocks"] + plan["Shared Read Blocks"])
 
 
 async def _ready(relay: OutboxRelay, task: asyncio.Task[None]) -> bool:
