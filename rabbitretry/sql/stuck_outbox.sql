@@ -8,10 +8,10 @@
 SELECT id, exchange, routing_key, message_id, payload, headers, content_type, tries
 FROM rabbitretry.outbox o
 WHERE o.status = 'pending' AND o.next_try_at < now() - make_interval(secs => $1)
-  AND (o.ordering_key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM rabbitretry.outbox older
+  AND (o.ordering_key IS NULL OR (
+        SELECT max(older.id) FROM rabbitretry.outbox older
         WHERE older.ordering_key = o.ordering_key AND older.status = 'pending'
-          AND older.id < o.id))
+          AND older.id < o.id) IS NULL)
 ORDER BY o.next_try_at, o.id
 LIMIT $2
 FOR UPDATE SKIP LOCKED;
