@@ -162,6 +162,7 @@ class OutboxRelay:
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _stopping: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _broker_away: bool = field(default=False, init=False)
+    _database_away: bool = field(default=False, init=False)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -177,12 +178,14 @@ class OutboxRelay:
                     try:
                         moved = await self.relay_once(publisher)
                     except UNAVAILABLE as error:
-                        log.error("outbox relay: the database is unreachable (%s)", error)
+                        self._note_database_away(error)
                         moved = 0
                     except Exception:
                         # A relay that stops is an outbox that fills up: log and go on.
                         log.exception("outbox relay: unexpected error; trying again")
                         moved = 0
+                    else:
+                        self._note_database_back()
                     if moved == 0:  # nothing due: wait for a notification or the poll
                         await self._sleep()
         finally:
@@ -242,6 +245,21 @@ class OutboxRelay:
                 raise result  # cancelled: the rows stay pending for the next relay
             settled += 1
         return settled
+
+    def _note_database_away(self, error: Exception) -> None:
+        """Say once per outage that the database is away (each poll tries it again)."""
+        log.log(
+            logging.DEBUG if self._database_away else logging.ERROR,
+            "outbox relay: the database is unreachable (%s); trying again every %g s",
+            error,
+            self.poll_interval,
+        )
+        self._database_away = True
+
+    def _note_database_back(self) -> None:
+        if self._database_away:
+            log.info("outbox relay: the database answers again")
+            self._database_away = False
 
     def _note_outage(self, lost: list[tuple[Record, ConnectionLost]], *, sent: bool) -> None:
         """Say once per outage that the broker is away and the rows stay pending."""

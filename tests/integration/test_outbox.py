@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -326,6 +327,43 @@ async def test_the_pending_rows_of_a_key_with_many_rows_sent_are_held_back_cheap
     )
     await pages_read(pool, None)  # the first poll marks the sent rows' entries dead
     assert await pages_read(pool, None) < 600  # 230 or so
+
+
+async def test_a_database_outage_is_said_once_and_its_end_once(
+    amqp_url: str,
+    database_url: str,
+    database_proxy: Proxy,
+    pool: asyncpg.Pool,
+    queue_name: str,
+    amqp_connection: Connection,
+    broker_cleanup: BrokerCleanup,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="rabbitretry.outbox")
+    topology = broker_cleanup.topology(Topology(queues=[WorkQueue(name=queue_name)]))
+    await declare(amqp_connection, topology)
+    proxied = await asyncpg.create_pool(database_proxy.url_for(database_url), min_size=1)
+    try:
+        async with running_relay(proxied, amqp_url, poll_interval=0.05) as relay:
+            await database_proxy.cut(refuse=True)
+            await wait_for(lambda: _said(caplog, "the database is unreachable"), timeout=15)
+            await asyncio.sleep(0.5)  # ten polls or so meet the outage
+            database_proxy.restore()
+            async with pool.acquire() as conn:
+                await Outbox().enqueue(conn, "", {"n": 1}, routing_key=queue_name)
+            await wait_for(lambda: _eq(outbox_counts(pool), {"sent": 1}), timeout=15)
+            assert relay.stats.sent == 1
+    finally:
+        await proxied.close()
+    said = [r for r in caplog.records if r.name == "rabbitretry.outbox" and r.levelno > 10]
+    assert [(r.levelname, r.getMessage().partition(" (")[0]) for r in said] == [
+        ("ERROR", "outbox relay: the database is unreachable"),
+        ("INFO", "outbox relay: the database answers again"),
+    ]
+
+
+async def _said(caplog: pytest.LogCaptureFixture, text: str) -> bool:
+    return any(text in record.getMessage() for record in caplog.records)
 
 
 async def pages_read(pool: asyncpg.Pool, start: Any) -> int:
