@@ -34,6 +34,16 @@ async def shop_db(pool: asyncpg.Pool) -> asyncpg.Pool:
 
 
 @pytest.fixture
+async def work_queue(
+    queue_name: str, amqp_connection: Connection, broker_cleanup: BrokerCleanup
+) -> str:
+    """A plain work queue of this test's own, declared: its name."""
+    topology = broker_cleanup.topology(Topology(queues=[WorkQueue(name=queue_name)]))
+    await declare(amqp_connection, topology)
+    return queue_name
+
+
+@pytest.fixture
 async def shop_consumer(queue_name: str, broker_cleanup: BrokerCleanup) -> type[Consumer[Any]]:
     """AwardOrderPoints on a queue of this test's own, bound to a test-only exchange."""
     exchange = f"{queue_name}.shop"
@@ -217,19 +227,15 @@ async def test_unroutable_destination_raises_and_fails_the_row(
 async def test_two_relays_publish_each_row_once_and_keep_per_key_order(
     amqp_url: str,
     shop_db: asyncpg.Pool,
-    queue_name: str,
-    amqp_connection: Connection,
-    broker_cleanup: BrokerCleanup,
+    work_queue: str,
 ) -> None:
-    topology = broker_cleanup.topology(Topology(queues=[WorkQueue(name=queue_name)]))
-    await declare(amqp_connection, topology)
     async with shop_db.acquire() as conn:
         for n in range(60):
             await Outbox().enqueue(
                 conn,
                 "",
                 {"key": f"k{n % 3}", "seq": n},
-                routing_key=queue_name,
+                routing_key=work_queue,
                 message_id=f"m{n}",
                 ordering_key=f"k{n % 3}",
             )
@@ -238,7 +244,7 @@ async def test_two_relays_publish_each_row_once_and_keep_per_key_order(
         running_relay(shop_db, amqp_url, batch_size=5),
     ):
         await wait_for(lambda: _eq(outbox_counts(shop_db), {"sent": 60}), timeout=30)
-    bodies = await _drain(amqp_url, queue_name)
+    bodies = await _drain(amqp_url, work_queue)
     assert sorted(b["seq"] for b in bodies) == list(range(60))  # each row exactly once
     for key in ("k0", "k1", "k2"):
         sequence = [b["seq"] for b in bodies if b["key"] == key]
@@ -248,25 +254,14 @@ async def test_two_relays_publish_each_row_once_and_keep_per_key_order(
 async def test_a_poll_walks_the_rows_sent_lately_not_all_those_sent_since_the_last_vacuum(
     amqp_url: str,
     pool: asyncpg.Pool,
-    queue_name: str,
-    amqp_connection: Connection,
-    broker_cleanup: BrokerCleanup,
+    work_queue: str,
 ) -> None:
-    topology = broker_cleanup.topology(Topology(queues=[WorkQueue(name=queue_name)]))
-    await declare(amqp_connection, topology)
-    # 20,000 rows sent an hour ago, whose entries in the index of pending rows no vacuum has
-    # removed yet (an outbox keeps its sent rows for weeks; autovacuum comes after days).
-    await pool.execute("ALTER TABLE rabbitretry.outbox SET (autovacuum_enabled = false)")
-    await pool.execute(
-        "INSERT INTO rabbitretry.outbox (exchange, routing_key, message_id, payload, next_try_at)"
-        " SELECT '', $1, 'old-' || n, '{}', now() - interval '1 hour' + n * interval '1 ms'"
-        " FROM generate_series(1, 20000) AS n",
-        queue_name,
-    )
-    await pool.execute("UPDATE rabbitretry.outbox SET status = 'sent', sent_at = now()")
+    # 20,000 rows sent an hour ago (an outbox keeps its sent rows for weeks; autovacuum comes
+    # after days).
+    await sent_not_vacuumed(pool, 20_000, work_queue)
     async with pool.acquire() as conn:
         for n in range(5):
-            await Outbox().enqueue(conn, "", {"n": n}, routing_key=queue_name, message_id=f"m{n}")
+            await Outbox().enqueue(conn, "", {"n": n}, routing_key=work_queue, message_id=f"m{n}")
     async with running_relay(pool, amqp_url) as relay:
         await wait_for(lambda: _eq(outbox_counts(pool), {"sent": 20005}), timeout=30)
     assert relay.scan.floor is not None
@@ -278,16 +273,12 @@ async def test_a_poll_walks_the_rows_sent_lately_not_all_those_sent_since_the_la
 async def test_a_row_committed_below_the_floor_waits_for_a_scan_of_every_row(
     amqp_url: str,
     pool: asyncpg.Pool,
-    queue_name: str,
-    amqp_connection: Connection,
-    broker_cleanup: BrokerCleanup,
+    work_queue: str,
 ) -> None:
-    topology = broker_cleanup.topology(Topology(queues=[WorkQueue(name=queue_name)]))
-    await declare(amqp_connection, topology)
     scan = ScanFloor(full_scan_every=3600)
     async with running_relay(pool, amqp_url, scan=scan):
         async with pool.acquire() as conn:
-            await Outbox().enqueue(conn, "", {"n": "first"}, routing_key=queue_name)
+            await Outbox().enqueue(conn, "", {"n": "first"}, routing_key=work_queue)
         await wait_for(lambda: _eq(outbox_counts(pool), {"sent": 1}), timeout=15)
         # A row whose transaction began an hour before it committed: due first, but before
         # the floor, so the polls that follow pass it over.
@@ -295,16 +286,16 @@ async def test_a_row_committed_below_the_floor_waits_for_a_scan_of_every_row(
             "INSERT INTO rabbitretry.outbox (exchange, routing_key, message_id, payload,"
             " next_try_at) VALUES ('', $1, 'late', '{\"n\": \"late\"}',"
             " now() - interval '1 hour') RETURNING next_try_at",
-            queue_name,
+            work_queue,
         )
         assert scan.floor is not None and due < scan.floor
         async with pool.acquire() as conn:
-            await Outbox().enqueue(conn, "", {"n": "after"}, routing_key=queue_name)
+            await Outbox().enqueue(conn, "", {"n": "after"}, routing_key=work_queue)
         await wait_for(lambda: _eq(outbox_counts(pool), {"sent": 2, "pending": 1}), timeout=15)
     # A relay's first poll (and every full_scan_every seconds, one) scans every pending row.
     async with running_relay(pool, amqp_url):
         await wait_for(lambda: _eq(outbox_counts(pool), {"sent": 3}), timeout=15)
-    bodies = await _drain(amqp_url, queue_name)
+    bodies = await _drain(amqp_url, work_queue)
     assert [b["n"] for b in bodies] == ["first", "after", "late"]
 
 
@@ -314,13 +305,7 @@ async def test_the_pending_rows_of_a_key_with_many_rows_sent_are_held_back_cheap
     # One ordering key: 10,000 rows sent, whose index entries no vacuum has removed yet, and
     # 50 pending. Each pending row asks whether an older row of its key is still pending;
     # walking the sent rows' entries from the oldest for each of them read 2,100 pages a poll.
-    await pool.execute("ALTER TABLE rabbitretry.outbox SET (autovacuum_enabled = false)")
-    await pool.execute(
-        "INSERT INTO rabbitretry.outbox (exchange, routing_key, message_id, ordering_key,"
-        " payload, next_try_at) SELECT '', 'q', 'sent-' || n, 'hot', '{}',"
-        " now() - interval '1 hour' + n * interval '1 ms' FROM generate_series(1, 10000) AS n"
-    )
-    await pool.execute("UPDATE rabbitretry.outbox SET status = 'sent', sent_at = now()")
+    await sent_not_vacuumed(pool, 10_000, "q", ordering_key="hot")
     await pool.execute(
         "INSERT INTO rabbitretry.outbox (exchange, routing_key, message_id, ordering_key,"
         " payload) SELECT '', 'q', 'pending-' || n, 'hot', '{}' FROM generate_series(1, 50) n"
@@ -334,14 +319,10 @@ async def test_a_database_outage_is_said_once_and_its_end_once(
     database_url: str,
     database_proxy: Proxy,
     pool: asyncpg.Pool,
-    queue_name: str,
-    amqp_connection: Connection,
-    broker_cleanup: BrokerCleanup,
+    work_queue: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="rabbitretry.outbox")
-    topology = broker_cleanup.topology(Topology(queues=[WorkQueue(name=queue_name)]))
-    await declare(amqp_connection, topology)
     proxied = await asyncpg.create_pool(database_proxy.url_for(database_url), min_size=1)
     try:
         async with running_relay(proxied, amqp_url, poll_interval=0.05) as relay:
@@ -350,7 +331,7 @@ async def test_a_database_outage_is_said_once_and_its_end_once(
             await asyncio.sleep(0.5)  # ten polls or so meet the outage
             database_proxy.restore()
             async with pool.acquire() as conn:
-                await Outbox().enqueue(conn, "", {"n": 1}, routing_key=queue_name)
+                await Outbox().enqueue(conn, "", {"n": 1}, routing_key=work_queue)
             await wait_for(lambda: _eq(outbox_counts(pool), {"sent": 1}), timeout=15)
             assert relay.stats.sent == 1
     finally:
@@ -364,6 +345,23 @@ async def test_a_database_outage_is_said_once_and_its_end_once(
 
 async def _said(caplog: pytest.LogCaptureFixture, text: str) -> bool:
     return any(text in record.getMessage() for record in caplog.records)
+
+
+async def sent_not_vacuumed(
+    pool: asyncpg.Pool, rows: int, routing_key: str, ordering_key: str | None = None
+) -> None:
+    """``rows`` outbox rows, due an hour ago and sent, whose entries in the indexes of pending
+    rows no vacuum has removed (autovacuum is off for the table from then on)."""
+    await pool.execute("ALTER TABLE rabbitretry.outbox SET (autovacuum_enabled = false)")
+    await pool.execute(
+        "INSERT INTO rabbitretry.outbox (exchange, routing_key, message_id, ordering_key,"
+        " payload, next_try_at) SELECT '', $1, 'sent-' || n, $2, '{}',"
+        " now() - interval '1 hour' + n * interval '1 ms' FROM generate_series(1, $3) AS n",
+        routing_key,
+        ordering_key,
+        rows,
+    )
+    await pool.execute("UPDATE rabbitretry.outbox SET status = 'sent', sent_at = now()")
 
 
 async def pages_read(pool: asyncpg.Pool, start: Any) -> int:
