@@ -134,7 +134,12 @@ class ScanFloor:
     def found(self, due_times: Sequence[datetime]) -> None:
         """The due times of the rows a poll took: the next poll starts from the oldest."""
         if due_times:
-            self.floor = min(due_times) - self.late_commit
+            try:
+                self.floor = min(due_times) - self.late_commit
+            except (TypeError, OverflowError):
+                # A row written by hand as due at -infinity (read as a naive datetime.min) or
+                # in year 1: no floor, every row is scanned, as before the floor existed.
+                self.floor = None
 
 
 @dataclass

@@ -299,6 +299,22 @@ async def test_a_row_committed_below_the_floor_waits_for_a_scan_of_every_row(
     assert [b["n"] for b in bodies] == ["first", "after", "late"]
 
 
+async def test_a_row_due_at_minus_infinity_is_relayed_and_the_relay_goes_on(
+    amqp_url: str, pool: asyncpg.Pool, work_queue: str
+) -> None:
+    # Written by hand: the relay reads its due time as a naive datetime.min.
+    await pool.execute(
+        "INSERT INTO rabbitretry.outbox (exchange, routing_key, message_id, payload,"
+        " next_try_at) VALUES ('', $1, 'ancient', '{\"n\": \"ancient\"}', '-infinity')",
+        work_queue,
+    )
+    async with pool.acquire() as conn:
+        await Outbox().enqueue(conn, "", {"n": "now"}, routing_key=work_queue)
+    async with running_relay(pool, amqp_url):
+        await wait_for(lambda: _eq(outbox_counts(pool), {"sent": 2}), timeout=15)
+    assert sorted(b["n"] for b in await _drain(amqp_url, work_queue)) == ["ancient", "now"]
+
+
 async def test_the_pending_rows_of_a_key_with_many_rows_sent_are_held_back_cheaply(
     pool: asyncpg.Pool,
 ) -> None:

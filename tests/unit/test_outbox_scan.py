@@ -49,3 +49,13 @@ def test_an_idle_relay_without_a_floor_scans_every_row() -> None:
     scan.start(now=0.0)
     scan.found([])
     assert scan.start(now=1.0) is None
+
+
+def test_a_row_due_at_minus_infinity_leaves_no_floor_rather_than_failing_the_poll() -> None:
+    # asyncpg reads -infinity as a naive datetime.min; year 1 cannot go a minute back.
+    for due in (datetime.min, datetime.min.replace(tzinfo=UTC)):
+        scan = ScanFloor(full_scan_every=60.0)
+        scan.start(now=0.0)
+        scan.found([T0])
+        scan.found([due, T0])
+        assert scan.start(now=1.0) is None
