@@ -13,7 +13,9 @@ the broker hears anything. A lone write goes out at once (no timer, no added lat
 load); writes queue only while ``WRITERS`` groups are already on their way (two, so that
 one group's flush overlaps the next one's statement). The writer keeps its pooled
 connection while writes keep coming (and ``LINGER`` seconds more), so a steady stream of
-writes does not pay for the pool's reset query each time.
+writes does not pay for the pool's reset query each time. The claims, start marks and
+success marks of one pool share their writers (a :class:`Lane`), so that a claim and the
+success mark after it go over one connection.
 
 If a group fails as a whole (a deadlock between groups of two workers, one row breaking a
 constraint, a lost connection), each of its writes is retried on its own, so one bad write
@@ -41,39 +43,28 @@ LINGER = 0.05  # seconds a writer keeps its connection, waiting for the next wri
 WRITERS = 2  # groups in flight at once: one flushes while the next one runs
 
 
-class CommitGroup(Generic[Request, Result]):
-    """Runs submitted writes in groups: up to ``writers`` groups in flight, the next filling up."""
+class Lane:
+    """The writers of one pool's commit groups: up to ``writers`` at once, each on one
+    connection, writing every group's waiting writes in turn.
 
-    def __init__(
-        self,
-        pool: Pool,
-        run_group: Callable[[Connection, Sequence[Request]], Awaitable[list[Result]]],
-        run_one: Callable[[Connection, Request], Awaitable[Result]],
-        max_group: int = MAX_GROUP,
-        writers: int = WRITERS,
-        *,
-        outlive_callers: bool = False,
-    ) -> None:
+    Sharing the writers keeps a claim and the success mark after it on one connection, and
+    so on one database session: at low concurrency each write wakes a session that sleeps,
+    and waking the same one costs less than waking one per kind of write.
+    """
+
+    def __init__(self, pool: Pool, writers: int = WRITERS) -> None:
         self._pool = pool
-        self._run_group = run_group
-        self._run_one = run_one
-        self._max_group = max_group
-        self._waiting: list[tuple[Request, asyncio.Future[Result]]] = []
+        self._groups: list[CommitGroup[Any, Any]] = []
         self._max_writers = writers
         self._writers: set[asyncio.Task[None]] = set()
         self._idle = 0  # writers waiting for work on their connection
         self._sleepers: list[asyncio.Future[None]] = []  # what wakes the idle writers
-        self._future = _Kept if outlive_callers else asyncio.Future
 
-    async def submit(self, request: Request) -> Result:
-        """Write ``request`` with the next group; returns once that group has committed."""
-        return await self.enqueue(request)
+    def add(self, group: CommitGroup[Any, Any]) -> None:
+        self._groups.append(group)
 
-    def enqueue(self, request: Request) -> asyncio.Future[Result]:
-        """Queue ``request`` for the next group: the future of its result, set on commit
-        (with ``outlive_callers``, a caller's cancellation reaches it only once it is set)."""
-        future: asyncio.Future[Result] = self._future(loop=asyncio.get_running_loop())
-        self._waiting.append((request, future))
+    def wake(self) -> None:
+        """A write is waiting: an idle writer takes it, or a new writer if there is room."""
         for sleeper in self._sleepers:
             _wake(sleeper)
         self._sleepers.clear()
@@ -81,33 +72,26 @@ class CommitGroup(Generic[Request, Result]):
             writer = asyncio.create_task(self._write_all())
             self._writers.add(writer)
             writer.add_done_callback(self._writers.discard)
-        return future
+
+    def _waiting(self) -> bool:
+        return any(group.waiting for group in self._groups)
 
     async def _write_all(self) -> None:
-        group: list[tuple[Request, asyncio.Future[Result]]] = []
         try:
             # Writes that arrive while the connection is being handed back find this task
             # still running, so it looks again before it ends.
-            while self._waiting:
+            while self._waiting():
                 # One connection while writes keep coming: a pool hands each connection
                 # back with a reset query, a round trip per write otherwise.
                 async with self._pool.acquire(timeout=db.SILENT_AFTER) as conn:
                     while await self._more_soon() and not conn.is_closed():
-                        group = self._waiting[: self._max_group]
-                        del self._waiting[: self._max_group]
-                        await self._write(conn, group)
-                        group = []
+                        for group in self._groups:
+                            await group.write_waiting(conn)
         except BaseException as error:
             # No connection (the database is away), or cancelled with the event loop: every
             # waiting caller gets the error rather than waiting forever.
-            for _, future in group + self._waiting:
-                if future.done():
-                    continue
-                if isinstance(error, Exception):
-                    future.set_exception(error)
-                else:
-                    asyncio.Future.cancel(future)  # a future that outlives its caller too
-            self._waiting.clear()
+            for group in self._groups:
+                group.fail_waiting(error)
             if not isinstance(error, Exception):
                 raise
 
@@ -115,7 +99,7 @@ class CommitGroup(Generic[Request, Result]):
         """True once a write is waiting; False after ``LINGER`` seconds without one."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + LINGER
-        while not self._waiting:  # another idle writer may take what woke this one
+        while not self._waiting():  # another idle writer may take what woke this one
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
@@ -133,6 +117,60 @@ class CommitGroup(Generic[Request, Result]):
                 if sleeper in self._sleepers:
                     self._sleepers.remove(sleeper)
         return True
+
+
+class CommitGroup(Generic[Request, Result]):
+    """Runs submitted writes in groups, written by the writers of its :class:`Lane`."""
+
+    def __init__(
+        self,
+        lane: Lane,
+        run_group: Callable[[Connection, Sequence[Request]], Awaitable[list[Result]]],
+        run_one: Callable[[Connection, Request], Awaitable[Result]],
+        max_group: int = MAX_GROUP,
+        *,
+        outlive_callers: bool = False,
+    ) -> None:
+        self._lane = lane
+        self._run_group = run_group
+        self._run_one = run_one
+        self._max_group = max_group
+        self._waiting: list[tuple[Request, asyncio.Future[Result]]] = []
+        self._future = _Kept if outlive_callers else asyncio.Future
+        lane.add(self)
+
+    async def submit(self, request: Request) -> Result:
+        """Write ``request`` with the next group; returns once that group has committed."""
+        return await self.enqueue(request)
+
+    def enqueue(self, request: Request) -> asyncio.Future[Result]:
+        """Queue ``request`` for the next group: the future of its result, set on commit
+        (with ``outlive_callers``, a caller's cancellation reaches it only once it is set)."""
+        future: asyncio.Future[Result] = self._future(loop=asyncio.get_running_loop())
+        self._waiting.append((request, future))
+        self._lane.wake()
+        return future
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self._waiting)
+
+    async def write_waiting(self, conn: Connection) -> None:
+        """Write the writes waiting now (up to ``max_group``) as one group on ``conn``."""
+        if not self._waiting:
+            return
+        group = self._waiting[: self._max_group]
+        del self._waiting[: self._max_group]
+        try:
+            await self._write(conn, group)
+        except BaseException as error:
+            _fail(group, error)
+            raise
+
+    def fail_waiting(self, error: BaseException) -> None:
+        """Fail the writes still waiting with ``error`` (a cancellation cancels them)."""
+        _fail(self._waiting, error)
+        self._waiting.clear()
 
     async def _write(
         self, conn: Connection, group: list[tuple[Request, asyncio.Future[Result]]]
@@ -180,6 +218,16 @@ class _Kept(asyncio.Future[Result]):
         return False
 
 
+def _fail(writes: Sequence[tuple[Any, asyncio.Future[Any]]], error: BaseException) -> None:
+    for _, future in writes:
+        if future.done():
+            continue
+        if isinstance(error, Exception):
+            future.set_exception(error)
+        else:
+            asyncio.Future.cancel(future)  # a future that outlives its caller too
+
+
 def _silence(conn: Connection, silenced: list[bool]) -> None:
     silenced.append(True)
     conn.terminate()
@@ -225,19 +273,20 @@ class Success:
 
 
 class LedgerCommits:
-    """The commit groups of one ledger pool: claims, start marks, and success marks without
-    effects."""
+    """The commit groups of one ledger pool (claims, start marks, and success marks without
+    effects), sharing one lane of writers."""
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
+        lane = Lane(pool)
         self.claims: CommitGroup[ClaimRequest, Claim] = CommitGroup(
-            pool, _claim_group, _claim_one, outlive_callers=True
+            lane, _claim_group, _claim_one, outlive_callers=True
         )
         self.starts: CommitGroup[AttemptRef, bool] = CommitGroup(
-            pool, _marks_group("batching_started_many"), _start_one
+            lane, _marks_group("batching_started_many"), _start_one
         )
         self.successes: CommitGroup[Success, bool] = CommitGroup(
-            pool, _successes_group, _success_one
+            lane, _successes_group, _success_one
         )
 
 

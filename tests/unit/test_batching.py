@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rabbitretry.ledger.commits import CommitGroup
+from rabbitretry.ledger.commits import CommitGroup, Lane
 
 
 class FakeConn:
@@ -66,11 +66,10 @@ def group_of(
     recorder: Recorder, pool: FakePool, max_group: int = 256, writers: int = 1
 ) -> CommitGroup[int, int]:
     return CommitGroup(
-        pool,  # type: ignore[arg-type]
+        Lane(pool, writers),  # type: ignore[arg-type]
         recorder.run_group,
         recorder.run_one,
         max_group,
-        writers,
     )
 
 
@@ -181,9 +180,57 @@ async def test_a_pool_that_cannot_give_a_connection_fails_every_waiting_write() 
 
     recorder = Recorder()
     group: CommitGroup[int, int] = CommitGroup(
-        BrokenPool(),  # type: ignore[arg-type]
+        Lane(BrokenPool()),  # type: ignore[arg-type]
         recorder.run_group,
         recorder.run_one,
     )
     outcomes = await asyncio.gather(*(group.submit(n) for n in (1, 2)), return_exceptions=True)
+    assert all(isinstance(o, OSError) for o in outcomes)
+
+
+async def test_groups_sharing_a_lane_write_on_one_connection_one_after_the_other() -> None:
+    doubling, tripling = Recorder(), Recorder()
+
+    async def triple(conn: Any, request: int) -> int:
+        return 3 * await tripling.run_one(conn, request)
+
+    pool = FakePool()
+    lane = Lane(pool)  # type: ignore[arg-type]
+    doubles = CommitGroup(lane, doubling.run_group, doubling.run_one)
+    triples = CommitGroup(lane, tripling.run_group, triple)
+    assert await doubles.submit(1) == 2
+    assert await triples.submit(1) == 6
+    assert await doubles.submit(2) == 4
+    assert pool.acquired == 1  # a claim and the success mark after it: one session
+
+
+async def test_a_lane_writes_each_groups_waiting_writes_as_that_groups_own_statement() -> None:
+    doubling, other = Recorder(), Recorder()
+    pool = FakePool()
+    lane = Lane(pool, writers=1)  # type: ignore[arg-type]
+    doubles = CommitGroup(lane, doubling.run_group, doubling.run_one)
+    others = CommitGroup(lane, other.run_group, other.run_one)
+    doubling.release.clear()
+    first = asyncio.create_task(doubles.submit(1))
+    await asyncio.sleep(0)  # the lane's only writer is busy
+    writes = ((doubles, 2), (others, 3), (doubles, 4))
+    waiting = [asyncio.create_task(group.submit(n)) for group, n in writes]
+    await asyncio.sleep(0)
+    doubling.release.set()
+    assert [await first] + [await t for t in waiting] == [2, 4, 6, 8]
+    assert doubling.singles == [1] and doubling.groups == [[2, 4]]
+    assert other.singles == [3] and other.groups == []
+
+
+async def test_a_writer_that_fails_fails_the_waiting_writes_of_every_group_of_its_lane() -> None:
+    class BrokenPool:
+        @contextlib.asynccontextmanager
+        async def acquire(self, timeout: float | None = None) -> AsyncIterator[str]:
+            raise OSError("database is down")
+            yield "never"
+
+    recorder = Recorder()
+    lane = Lane(BrokenPool())  # type: ignore[arg-type]
+    groups = [CommitGroup(lane, recorder.run_group, recorder.run_one) for _ in range(2)]
+    outcomes = await asyncio.gather(*(g.submit(1) for g in groups), return_exceptions=True)
     assert all(isinstance(o, OSError) for o in outcomes)
