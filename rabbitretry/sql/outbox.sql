@@ -1,4 +1,4 @@
--- The outbox (see rabbitretry/outbox.py and migrations/0002_outbox.sql): enqueue in the
+-- The outbox (see rabbitretry/outbox/ and migrations/0002_outbox.sql): enqueue in the
 -- caller's transaction, take a batch to relay, mark it sent or failed; `rabbitretry outbox`.
 
 -- name: outbox_enqueue
@@ -14,7 +14,7 @@ SELECT pg_notify('rabbitretry_outbox', '');
 -- Pending rows that are due, locked for this relay; a row waits while an older row with the
 -- same ordering key is still pending, so messages of one key leave in order. $2: only rows
 -- due at or after it (NULL: all of them), where the relay's scan starts (ScanFloor in
--- rabbitretry/outbox.py). The older row is looked for as the key's nearest one below (max,
+-- rabbitretry/outbox/scan.py). The older row is looked for as the key's nearest one below (max,
 -- an index scan backward), not as NOT EXISTS: every row of the key sent since the last
 -- vacuum left its entry in outbox_ordering_idx, and NOT EXISTS walked them all from the
 -- oldest, for each of the key's pending rows (a key with 200,000 sent rows and 100 pending:

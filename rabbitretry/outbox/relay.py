@@ -1,94 +1,29 @@
-"""The transactional outbox: enqueue a message in your own transaction, a relay publishes it.
-
-::
-
-    async with pool.acquire() as conn, conn.transaction():
-        await conn.execute("UPDATE orders SET paid = true WHERE id = $1", order_id)
-        await outbox.enqueue(conn, "orders", OrderPaid(...), routing_key="order.paid",
-                             message_id=f"order-{order_id}-paid")
-
-The row commits with the business write or not at all: a paid order without its message, or
-a message for an order that was rolled back, cannot happen. The relay publishes pending rows
-with confirms and marks them ``sent`` only after the broker confirmed; a relay that dies in
-between publishes the row again, and the consumer's ledger drops the duplicate by its
-``message_id``. Several relays can run: each takes rows with ``FOR UPDATE SKIP LOCKED``.
-
-Ordering: rows that share an ``ordering_key`` are published one at a time in the order they
-were enqueued (a row waits while an older row of its key is pending; a row that ends
-``failed`` stops holding the others back). Rows without a key have no order among themselves.
-
-A row whose message AMQP cannot carry (a ``message_id`` over 255 bytes, a header integer
-beyond 64 bits, an infinite number...) is never sent: it ends ``failed`` at once with the
-reason in ``last_error``, and the rest of its batch goes on as if it were not there.
-"""
+"""The relay: publishes pending outbox rows with confirms, and marks them sent."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import random
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any
 
-from pydantic import BaseModel
-
-from rabbitretry import amqp, db, tracing
+from rabbitretry import amqp, db
 from rabbitretry.db import UNAVAILABLE, Connection, Pool, Record, query
 from rabbitretry.errors import ConnectionLost, PublishError, UnpublishableError
-from rabbitretry.publisher import encode, new_message_id
-
-__all__ = ["Outbox", "OutboxRelay", "RelayStats", "ScanFloor"]
+from rabbitretry.outbox.rows import (
+    INITIAL_BACKOFF,
+    MAX_BACKOFF,
+    MAX_TRIES,
+    fail_unpublishable,
+    failed_try,
+    publish_row,
+)
+from rabbitretry.outbox.scan import ScanFloor
 
 log = logging.getLogger("rabbitretry.outbox")
 
 NOTIFY_CHANNEL = "rabbitretry_outbox"
-MAX_TRIES = 10  # tries of a row the broker refuses before it is failed for good
-INITIAL_BACKOFF = 1.0  # seconds before the second try, doubling up to MAX_BACKOFF
-MAX_BACKOFF = 300.0
-FULL_SCAN_EVERY = 60.0  # seconds between a relay's scans of every pending row (ScanFloor)
-LATE_COMMIT = timedelta(seconds=60)  # a producer's transaction this long is still seen at once
-
-
-class Outbox:
-    """Writes messages into ``rabbitretry.outbox`` on the caller's connection."""
-
-    async def enqueue(
-        self,
-        conn: Connection,
-        exchange: str,
-        payload: BaseModel | Mapping[str, Any] | list[Any] | bytes,
-        *,
-        routing_key: str = "",
-        message_id: str | None = None,
-        headers: Mapping[str, Any] | None = None,
-        ordering_key: str | None = None,
-    ) -> str:
-        """Add a message to the outbox inside the caller's transaction; its message_id.
-
-        Call it inside ``conn.transaction()``: outside one, the row commits on its own.
-        """
-        body, content_type = encode(payload)
-        message_id = message_id or new_message_id()
-        # The row stores the caller's trace context: the relay's publish carries it.
-        with tracing.enqueue_span(
-            exchange, routing_key, message_id, headers, body_size=len(body)
-        ) as headers:
-            await conn.execute(
-                query("outbox_enqueue"),
-                exchange,
-                routing_key,
-                message_id,
-                ordering_key,
-                body,
-                json.dumps(dict(headers or {}), default=str),
-                content_type,
-            )
-            await conn.execute(query("outbox_notify"))  # delivered at commit, not before
-        return message_id
 
 
 @dataclass
@@ -100,46 +35,6 @@ class RelayStats:
     unconfirmed: int = 0
     """Publishes an outage cut short (no confirm came): their rows stayed pending, no try
     counted, and each may reach the queue once more than it is marked sent."""
-
-
-@dataclass
-class ScanFloor:
-    """Where a relay's scan of the pending rows starts.
-
-    Each row sent leaves its entry in the index of pending rows (``outbox_pending_idx``) until
-    a vacuum, and a scan that starts at the oldest due time walks all of them first. An
-    outbox keeps its sent rows for the retention window, so autovacuum comes after days of
-    them: with 500,000 sent since the last vacuum a poll read 1,900 pages (2.8 ms), and the
-    first poll after them 116 ms. So a poll starts ``late_commit`` before the oldest due time
-    the last poll found, and walks only what was sent since. A row's due time is when its
-    transaction began: a row committed more than ``late_commit`` after that, behind a poll
-    that found newer rows, is below the floor, and so is a row that waited behind an older
-    row of its ordering key that backed off; every ``full_scan_every`` seconds a poll scans
-    them all, and finds those.
-    """
-
-    full_scan_every: float = FULL_SCAN_EVERY
-    late_commit: timedelta = LATE_COMMIT
-    floor: datetime | None = None
-    """The due time this relay's polls start at; None until a poll found a row."""
-    _next_full_scan: float = field(default=float("-inf"), init=False)
-
-    def start(self, now: float) -> datetime | None:
-        """Where this poll starts (None: at the oldest row); ``now``, a monotonic clock."""
-        if now >= self._next_full_scan:
-            self._next_full_scan = now + self.full_scan_every
-            return None
-        return self.floor
-
-    def found(self, due_times: Sequence[datetime]) -> None:
-        """The due times of the rows a poll took: the next poll starts from the oldest."""
-        if due_times:
-            try:
-                self.floor = min(due_times) - self.late_commit
-            except (TypeError, OverflowError):
-                # A row written by hand as due at -infinity (read as a naive datetime.min) or
-                # in year 1: no floor, every row is scanned, as before the floor existed.
-                self.floor = None
 
 
 @dataclass
@@ -337,52 +232,3 @@ class OutboxRelay:
             finally:
                 with contextlib.suppress(*UNAVAILABLE):
                     await conn.remove_listener(NOTIFY_CHANNEL, wake)
-
-
-async def publish_row(
-    publisher: amqp.ConfirmingPublisher, row: Record, timeout: float = 30.0
-) -> None:
-    """Publish one outbox row as it was enqueued (confirmed, mandatory).
-
-    Raises :class:`UnpublishableError`, before sending anything, for a row AMQP cannot carry
-    (:func:`fail_unpublishable` records it), and :class:`PublishError` for a refusal or a loss.
-    """
-    await publisher.publish(
-        bytes(row["payload"]),
-        exchange=row["exchange"],
-        routing_key=row["routing_key"],
-        message_id=row["message_id"],
-        headers=json.loads(row["headers"]),
-        properties={"content_type": row["content_type"]},
-        timeout=timeout,
-    )
-
-
-async def failed_try(
-    conn: Connection,
-    row: Record,
-    reason: str,
-    *,
-    max_tries: int = MAX_TRIES,
-    initial_backoff: float = INITIAL_BACKOFF,
-    max_backoff: float = MAX_BACKOFF,
-) -> tuple[int, float]:
-    """Count a failed try of ``row``: due again after a jittered, doubling backoff, or
-    ``failed`` once it had ``max_tries``. Its number of tries, and the backoff."""
-    tries = row["tries"] + 1
-    backoff = min(max_backoff, initial_backoff * 2 ** min(tries - 1, 30))
-    backoff *= random.uniform(0.8, 1.2)
-    await conn.execute(query("outbox_failed_try"), row["id"], reason, max_tries, backoff)
-    return tries, backoff
-
-
-async def fail_unpublishable(conn: Connection, row: Record, error: UnpublishableError) -> None:
-    """Mark a row ``failed`` at once, with the reason: an encoding error is the content's
-    fault, so backing off and trying again could never succeed."""
-    await conn.execute(query("outbox_unpublishable"), row["id"], str(error))
-    log.error(
-        "outbox row %s (%.60s) cannot be published, marked failed: %s",
-        row["id"],
-        row["message_id"],
-        error,
-    )

@@ -1,0 +1,66 @@
+"""Publishing one outbox row, and recording a try that failed."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+
+from rabbitretry import amqp
+from rabbitretry.db import Connection, Record, query
+from rabbitretry.errors import UnpublishableError
+
+log = logging.getLogger("rabbitretry.outbox")
+
+MAX_TRIES = 10  # tries of a row the broker refuses before it is failed for good
+INITIAL_BACKOFF = 1.0  # seconds before the second try, doubling up to MAX_BACKOFF
+MAX_BACKOFF = 300.0
+
+
+async def publish_row(
+    publisher: amqp.ConfirmingPublisher, row: Record, timeout: float = 30.0
+) -> None:
+    """Publish one outbox row as it was enqueued (confirmed, mandatory).
+
+    Raises :class:`UnpublishableError`, before sending anything, for a row AMQP cannot carry
+    (:func:`fail_unpublishable` records it), and :class:`PublishError` for a refusal or a loss.
+    """
+    await publisher.publish(
+        bytes(row["payload"]),
+        exchange=row["exchange"],
+        routing_key=row["routing_key"],
+        message_id=row["message_id"],
+        headers=json.loads(row["headers"]),
+        properties={"content_type": row["content_type"]},
+        timeout=timeout,
+    )
+
+
+async def failed_try(
+    conn: Connection,
+    row: Record,
+    reason: str,
+    *,
+    max_tries: int = MAX_TRIES,
+    initial_backoff: float = INITIAL_BACKOFF,
+    max_backoff: float = MAX_BACKOFF,
+) -> tuple[int, float]:
+    """Count a failed try of ``row``: due again after a jittered, doubling backoff, or
+    ``failed`` once it had ``max_tries``. Its number of tries, and the backoff."""
+    tries = row["tries"] + 1
+    backoff = min(max_backoff, initial_backoff * 2 ** min(tries - 1, 30))
+    backoff *= random.uniform(0.8, 1.2)
+    await conn.execute(query("outbox_failed_try"), row["id"], reason, max_tries, backoff)
+    return tries, backoff
+
+
+async def fail_unpublishable(conn: Connection, row: Record, error: UnpublishableError) -> None:
+    """Mark a row ``failed`` at once, with the reason: an encoding error is the content's
+    fault, so backing off and trying again could never succeed."""
+    await conn.execute(query("outbox_unpublishable"), row["id"], str(error))
+    log.error(
+        "outbox row %s (%.60s) cannot be published, marked failed: %s",
+        row["id"],
+        row["message_id"],
+        error,
+    )
