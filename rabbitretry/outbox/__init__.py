@@ -13,9 +13,11 @@ with confirms and marks them ``sent`` only after the broker confirmed; a relay t
 between publishes the row again, and the consumer's ledger drops the duplicate by its
 ``message_id``. Several relays can run: each takes rows with ``FOR UPDATE SKIP LOCKED``.
 
-Ordering: rows that share an ``ordering_key`` are published one at a time in the order they
-were enqueued (a row waits while an older row of its key is pending; a row that ends
-``failed`` stops holding the others back). Rows without a key have no order among themselves.
+Ordering: rows that share an ``ordering_key`` are published in the order they were enqueued,
+each once the broker confirmed the one before it (a row waits while an older row of its key
+is pending; a row that ends ``failed`` stops holding the others back). A relay takes a key's
+pending rows as a run, up to its batch, so a key with a backlog leaves a batch a poll. Rows
+without a key have no order among themselves.
 
 A row whose message AMQP cannot carry (a ``message_id`` over 255 bytes, a header integer
 beyond 64 bits, an infinite number...) is never sent: it ends ``failed`` at once with the

@@ -17,7 +17,7 @@ from rabbitretry.outbox.rows import (
     MAX_TRIES,
     fail_unpublishable,
     failed_try,
-    publish_row,
+    publish_run,
 )
 from rabbitretry.outbox.scan import ScanFloor
 
@@ -109,17 +109,44 @@ class OutboxRelay:
         ):
             start = self.scan.start(asyncio.get_running_loop().time())
             async with db.answered(conn):
-                rows = await conn.fetch(query("outbox_take"), self.batch_size, start)
-            self.scan.found([row["next_try_at"] for row in rows])
-            results = await asyncio.gather(
-                *(publish_row(publisher, row, self.publish_timeout) for row in rows),
+                heads = await conn.fetch(query("outbox_take"), self.batch_size, start)
+            self.scan.found([row["next_try_at"] for row in heads])
+            async with db.answered(conn):
+                runs = await self._runs(conn, heads)
+            outcomes = await asyncio.gather(
+                *(publish_run(publisher, run, self.publish_timeout) for run in runs),
                 return_exceptions=True,
             )
+            tried: list[Record] = []
+            results: list[Exception | None] = []
+            for run, outcome in zip(runs, outcomes, strict=True):
+                if isinstance(outcome, BaseException):
+                    raise outcome  # cancelled: the rows stay pending for the next relay
+                tried += run[: len(outcome)]
+                results += outcome
             async with db.answered(conn):
-                return await self._settle(conn, rows, results)
+                return await self._settle(conn, tried, results)
+
+    async def _runs(self, conn: Connection, heads: list[Record]) -> list[list[Record]]:
+        """Each head row taken, followed by the rows of its ordering key it holds back (the
+        batch shared among the keys): a key with a backlog leaves a run a poll."""
+        runs = [[head] for head in heads]
+        keyed = {head["ordering_key"]: run for head, run in zip(heads, runs, strict=True)}
+        keyed.pop(None, None)
+        per_key = self.batch_size // max(1, len(keyed)) - 1
+        if keyed and per_key > 0:
+            followers = await conn.fetch(
+                query("outbox_take_followers"),
+                list(keyed),
+                [run[0]["id"] for run in keyed.values()],
+                per_key,
+            )
+            for row in followers:
+                keyed[row["ordering_key"]].append(row)
+        return runs
 
     async def _settle(
-        self, conn: Connection, rows: list[Record], results: list[BaseException | None]
+        self, conn: Connection, rows: list[Record], results: list[Exception | None]
     ) -> int:
         """Mark the batch's confirmed rows sent and record the others' failures; how many."""
         sent = [row["id"] for row, result in zip(rows, results, strict=True) if result is None]
@@ -137,12 +164,10 @@ class OutboxRelay:
             if isinstance(result, UnpublishableError):
                 await fail_unpublishable(conn, row, result)
                 self.stats.unpublishable += 1
-            elif isinstance(result, Exception):
+            else:
                 # A refusal, or a bug: a failed try of this row alone. Raising would roll
                 # back the batch's `sent` marks and publish its confirmed rows again.
                 await self._record_failure(conn, row, result)
-            else:
-                raise result  # cancelled: the rows stay pending for the next relay
             settled += 1
         return settled
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+from collections.abc import Sequence
 
 from rabbitretry import amqp
 from rabbitretry.db import Connection, Record, query
@@ -34,6 +35,30 @@ async def publish_row(
         properties={"content_type": row["content_type"]},
         timeout=timeout,
     )
+
+
+async def publish_run(
+    publisher: amqp.ConfirmingPublisher, run: Sequence[Record], timeout: float = 30.0
+) -> list[Exception | None]:
+    """Publish the rows of one ordering key in order, each once the one before it is
+    confirmed; the outcome of each row tried (None: confirmed).
+
+    The first row not confirmed ends the run, and the rows after it stay pending, untried: it
+    is tried again first, and none may overtake it. A row AMQP cannot carry does not end it,
+    as it fails at once and holds nothing back.
+    """
+    outcomes: list[Exception | None] = []
+    for row in run:
+        try:
+            await publish_row(publisher, row, timeout)
+        except UnpublishableError as error:
+            outcomes.append(error)
+        except Exception as error:
+            outcomes.append(error)
+            break
+        else:
+            outcomes.append(None)
+    return outcomes
 
 
 async def failed_try(

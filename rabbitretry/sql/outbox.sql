@@ -20,7 +20,7 @@ SELECT pg_notify('rabbitretry_outbox', '');
 -- oldest, for each of the key's pending rows (a key with 200,000 sent rows and 100 pending:
 -- 77,000 pages and 67 ms a poll; with max, 1,200 and 5 ms).
 SELECT id, exchange, routing_key, message_id, payload, headers, content_type, tries,
-       next_try_at
+       next_try_at, ordering_key
 FROM rabbitretry.outbox o
 WHERE o.status = 'pending' AND o.next_try_at <= now()
   AND o.next_try_at >= coalesce($2::timestamptz, '-infinity')
@@ -31,6 +31,31 @@ WHERE o.status = 'pending' AND o.next_try_at <= now()
 ORDER BY o.next_try_at, o.id
 LIMIT $1
 FOR UPDATE SKIP LOCKED;
+
+-- name: outbox_take_followers
+-- The pending rows that follow each head row taken ($1: their ordering keys, $2: their ids),
+-- in id order, at most $3 a key, locked for this relay, up to the first one not due (a row
+-- that backed off holds the rest of its key back): the relay publishes a key's run one row
+-- after the other, so a key with a backlog leaves a run a poll rather than a row. Served by
+-- outbox_ordering_idx from the head on, so the key's sent rows are not walked. FOR UPDATE
+-- waits rather than skips: a row skipped would be overtaken by the rows after it (no other
+-- relay takes rows behind a head it does not hold).
+SELECT id, exchange, routing_key, message_id, payload, headers, content_type, tries,
+       next_try_at, ordering_key
+FROM (
+    SELECT f.*, bool_and(f.next_try_at <= now())
+                    OVER (PARTITION BY f.ordering_key ORDER BY f.id) AS due_so_far
+    FROM unnest($1::text[], $2::bigint[]) AS head(ordering_key, id)
+    CROSS JOIN LATERAL (
+        SELECT * FROM rabbitretry.outbox f
+        WHERE f.ordering_key = head.ordering_key AND f.status = 'pending' AND f.id > head.id
+        ORDER BY f.id
+        LIMIT $3
+        FOR UPDATE
+    ) f
+) followers
+WHERE due_so_far
+ORDER BY ordering_key, id;
 
 -- name: outbox_sent
 UPDATE rabbitretry.outbox SET status = 'sent', sent_at = now(), tries = tries + 1,

@@ -1,0 +1,147 @@
+"""A relay takes an ordering key's pending rows as a run, and publishes them in order.
+
+Against the real broker and database. Before runs, a relay took one row of a key a poll (the
+head: a row waits while an older row of its key is pending), so a key with a backlog left at
+about 90 rows a second, each poll walking the rest of the key's rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from rabbitretry import OutboxRelay, Topology, WorkQueue
+from rabbitretry.amqp import ConfirmingPublisher, Connection, connect
+from rabbitretry.topology import Exchange, declare
+from tests.integration.conftest import BrokerCleanup
+from tests.integration.test_outbox_unpublishable import LONG_ID, drain, enqueue, rows_by_id
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture
+async def publisher(amqp_url: str) -> AsyncIterator[ConfirmingPublisher]:
+    connection = await connect(amqp_url)
+    yield await ConfirmingPublisher.open(connection)
+    await connection.close()
+
+
+@pytest.fixture
+async def work_queue(
+    queue_name: str, amqp_connection: Connection, broker_cleanup: BrokerCleanup
+) -> str:
+    await declare(
+        amqp_connection, broker_cleanup.topology(Topology(queues=[WorkQueue(name=queue_name)]))
+    )
+    return queue_name
+
+
+async def backlog(pool: asyncpg.Pool, key: str, count: int, queue: str) -> list[str]:
+    """``count`` pending rows of ``key`` in one transaction: their message_ids, in order."""
+    ids = await pool.fetch(
+        "INSERT INTO rabbitretry.outbox (exchange, routing_key, message_id, ordering_key,"
+        " payload) SELECT '', $1, $2 || '-' || n, $2, '{}' FROM generate_series(1, $3) AS n"
+        " RETURNING message_id",
+        queue,
+        key,
+        count,
+    )
+    return [row["message_id"] for row in ids]
+
+
+def statuses(rows: dict[str, asyncpg.Record]) -> dict[str, tuple[str, int]]:
+    return {key: (row["status"], row["tries"]) for key, row in rows.items()}
+
+
+async def test_a_keys_backlog_leaves_a_run_a_poll_in_order(
+    amqp_url: str, pool: asyncpg.Pool, work_queue: str, publisher: ConfirmingPublisher
+) -> None:
+    sent = await backlog(pool, "order-7", 120, work_queue)
+    relay = OutboxRelay(pool, amqp_url, batch_size=50)
+    assert [await relay.relay_once(publisher) for _ in range(4)] == [50, 50, 20, 0]
+    assert await drain(amqp_url, work_queue) == sent
+
+
+async def test_keys_with_backlogs_share_a_poll(
+    amqp_url: str, pool: asyncpg.Pool, work_queue: str, publisher: ConfirmingPublisher
+) -> None:
+    first = await backlog(pool, "a", 30, work_queue)
+    second = await backlog(pool, "b", 30, work_queue)
+    await enqueue(pool, "no-key", work_queue)
+    relay = OutboxRelay(pool, amqp_url, batch_size=21)
+    # Two keys share the batch: a run of 21 // 2 = 10 rows each, and the row without a key.
+    assert await relay.relay_once(publisher) == 21
+    while await relay.relay_once(publisher):
+        pass
+    received = await drain(amqp_url, work_queue)
+    assert sorted(received) == sorted([*first, *second, "no-key"])
+    assert [m for m in received if m.startswith("a-")] == first
+    assert [m for m in received if m.startswith("b-")] == second
+
+
+async def test_a_row_refused_mid_run_ends_it_and_the_rows_after_it_wait_untried(
+    amqp_url: str,
+    pool: asyncpg.Pool,
+    work_queue: str,
+    publisher: ConfirmingPublisher,
+    amqp_connection: Connection,
+    broker_cleanup: BrokerCleanup,
+) -> None:
+    nowhere = f"{work_queue}.nowhere"
+    await declare(
+        amqp_connection, broker_cleanup.topology(Topology(exchanges=[Exchange(name=nowhere)]))
+    )
+    await enqueue(pool, "shipped", work_queue, ordering_key="order-7")
+    await enqueue(pool, "unroutable", "no.queue", exchange=nowhere, ordering_key="order-7")
+    await enqueue(pool, "delivered", work_queue, ordering_key="order-7")
+    await enqueue(pool, "other", work_queue)
+    relay = OutboxRelay(pool, amqp_url, initial_backoff=60.0)
+    assert await relay.relay_once(publisher) == 3
+    assert statuses(await rows_by_id(pool)) == {
+        "shipped": ("sent", 1),
+        "unroutable": ("pending", 1),  # backs off, and holds its key back
+        "delivered": ("pending", 0),  # not tried: it would have overtaken the refused row
+        "other": ("sent", 1),
+    }
+    assert await relay.relay_once(publisher) == 0
+    assert sorted(await drain(amqp_url, work_queue)) == ["other", "shipped"]
+
+
+async def test_an_unpublishable_row_mid_run_fails_alone_and_the_run_goes_on(
+    amqp_url: str, pool: asyncpg.Pool, work_queue: str, publisher: ConfirmingPublisher
+) -> None:
+    await enqueue(pool, "shipped", work_queue, ordering_key="order-7")
+    await enqueue(pool, LONG_ID, work_queue, ordering_key="order-7")
+    await enqueue(pool, "delivered", work_queue, ordering_key="order-7")
+    relay = OutboxRelay(pool, amqp_url)
+    assert await relay.relay_once(publisher) == 3
+    assert statuses(await rows_by_id(pool)) == {
+        "shipped": ("sent", 1),
+        LONG_ID: ("failed", 1),
+        "delivered": ("sent", 1),
+    }
+    assert await drain(amqp_url, work_queue) == ["shipped", "delivered"]
+
+
+async def test_a_row_not_due_ends_its_keys_run(
+    amqp_url: str, pool: asyncpg.Pool, work_queue: str, publisher: ConfirmingPublisher
+) -> None:
+    sent = await backlog(pool, "order-7", 4, work_queue)
+    # A row that was tried and backed off (it was its key's head until an older row came
+    # back to pending, as `outbox retry` does): the rows after it wait with it.
+    await pool.execute(
+        "UPDATE rabbitretry.outbox SET next_try_at = now() + interval '1 hour'"
+        " WHERE message_id = $1",
+        sent[2],
+    )
+    relay = OutboxRelay(pool, amqp_url)
+    assert await relay.relay_once(publisher) == 2
+    assert [row["status"] for row in (await rows_by_id(pool)).values()] == [
+        "sent",
+        "sent",
+        "pending",
+        "pending",
+    ]
+    assert await drain(amqp_url, work_queue) == sent[:2]
