@@ -86,6 +86,8 @@ class Lane:
                 async with self._pool.acquire(timeout=db.SILENT_AFTER) as conn:
                     while await self._more_soon() and not conn.is_closed():
                         for group in self._groups:
+                            if conn.is_closed():
+                                break  # the writes still waiting go on a new connection
                             await group.write_waiting(conn)
         except BaseException as error:
             # No connection (the database is away), or cancelled with the event loop: every

@@ -234,3 +234,20 @@ async def test_a_writer_that_fails_fails_the_waiting_writes_of_every_group_of_it
     groups = [CommitGroup(lane, recorder.run_group, recorder.run_one) for _ in range(2)]
     outcomes = await asyncio.gather(*(g.submit(1) for g in groups), return_exceptions=True)
     assert all(isinstance(o, OSError) for o in outcomes)
+
+
+async def test_a_connection_that_breaks_under_one_group_is_not_used_for_the_next() -> None:
+    pool = FakePool()
+    breaking, other = Recorder(), Recorder()
+    lane = Lane(pool, writers=1)  # type: ignore[arg-type]
+
+    async def break_the_connection(conn: Any, request: int) -> int:
+        conn.closed = True
+        raise ConnectionError("the connection was lost")
+
+    first = CommitGroup(lane, breaking.run_group, break_the_connection)
+    second = CommitGroup(lane, other.run_group, other.run_one)
+    outcomes = await asyncio.gather(first.submit(1), second.submit(2), return_exceptions=True)
+    assert isinstance(outcomes[0], ConnectionError)
+    assert outcomes[1] == 4  # written on a new connection, not failed on the broken one
+    assert pool.acquired == 2
