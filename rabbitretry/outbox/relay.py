@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from rabbitretry import amqp, db
 from rabbitretry.db import UNAVAILABLE, Connection, Pool, Record, query
@@ -24,6 +25,7 @@ from rabbitretry.outbox.scan import ScanFloor
 log = logging.getLogger("rabbitretry.outbox")
 
 NOTIFY_CHANNEL = "rabbitretry_outbox"
+WINDOW = 4  # due rows a poll looks at first, per row of its batch (outbox_take_window)
 
 
 @dataclass
@@ -109,7 +111,7 @@ class OutboxRelay:
         ):
             start = self.scan.start(asyncio.get_running_loop().time())
             async with db.answered(conn):
-                heads = await conn.fetch(query("outbox_take"), self.batch_size, start)
+                heads = await self._take(conn, start)
             self.scan.found([row["next_try_at"] for row in heads])
             async with db.answered(conn):
                 runs = await self._runs(conn, heads)
@@ -126,6 +128,17 @@ class OutboxRelay:
                 results += outcome
             async with db.answered(conn):
                 return await self._settle(conn, tried, results)
+
+    async def _take(self, conn: Connection, start: datetime | None) -> list[Record]:
+        """The heads to publish: from a window of the first due rows, or if it holds none
+        (every row in it held back), from every due row."""
+        window = WINDOW * self.batch_size
+        heads: list[Record] = await conn.fetch(
+            query("outbox_take_window"), self.batch_size, start, window
+        )
+        if not heads:
+            heads = await conn.fetch(query("outbox_take"), self.batch_size, start)
+        return heads
 
     async def _runs(self, conn: Connection, heads: list[Record]) -> list[list[Record]]:
         """Each head row taken, followed by the rows of its ordering key it holds back (the

@@ -32,6 +32,30 @@ ORDER BY o.next_try_at, o.id
 LIMIT $1
 FOR UPDATE SKIP LOCKED;
 
+-- name: outbox_take_window
+-- outbox_take among the first $3 due rows only (in due order, from $2 on). Behind a key with
+-- a backlog, outbox_take checks every pending row of that key at every poll (20,000 pending
+-- rows of one key: 20,000 index lookups a poll), as only one of them is its head; the runs
+-- taken behind the heads found here fill the batch. When it finds nothing (every row in
+-- the window held back, say behind a head that backs off), the relay runs outbox_take.
+SELECT id, exchange, routing_key, message_id, payload, headers, content_type, tries,
+       next_try_at, ordering_key
+FROM rabbitretry.outbox o
+WHERE o.id IN (
+        SELECT w.id FROM rabbitretry.outbox w
+        WHERE w.status = 'pending' AND w.next_try_at <= now()
+          AND w.next_try_at >= coalesce($2::timestamptz, '-infinity')
+        ORDER BY w.next_try_at, w.id
+        LIMIT $3)
+  AND o.status = 'pending' AND o.next_try_at <= now()
+  AND (o.ordering_key IS NULL OR (
+        SELECT max(older.id) FROM rabbitretry.outbox older
+        WHERE older.ordering_key = o.ordering_key AND older.status = 'pending'
+          AND older.id < o.id) IS NULL)
+ORDER BY o.next_try_at, o.id
+LIMIT $1
+FOR UPDATE SKIP LOCKED;
+
 -- name: outbox_take_followers
 -- The pending rows that follow each head row taken ($1: their ordering keys, $2: their ids),
 -- in id order, at most $3 a key, locked for this relay, up to the first one not due (a row

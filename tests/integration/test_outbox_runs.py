@@ -7,6 +7,7 @@ about 90 rows a second, each poll walking the rest of the key's rows.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -14,6 +15,7 @@ import pytest
 
 from rabbitretry import OutboxRelay, Topology, WorkQueue
 from rabbitretry.amqp import ConfirmingPublisher, Connection, connect
+from rabbitretry.db import query
 from rabbitretry.topology import Exchange, declare
 from tests.integration.conftest import BrokerCleanup
 from tests.integration.test_outbox_unpublishable import LONG_ID, drain, enqueue, rows_by_id
@@ -145,3 +147,44 @@ async def test_a_row_not_due_ends_its_keys_run(
         "pending",
     ]
     assert await drain(amqp_url, work_queue) == sent[:2]
+
+
+async def poll_buffers(pool: asyncpg.Pool, statement: str, *args: object) -> int:
+    """The buffers one run of ``statement`` reads (rolled back: its locks are let go)."""
+    async with pool.acquire() as conn, conn.transaction():
+        plan = await conn.fetchval(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query(statement), *args
+        )
+    top = json.loads(plan)[0]["Plan"]
+    return int(top["Shared Hit Blocks"] + top["Shared Read Blocks"])
+
+
+async def test_a_poll_behind_a_keys_backlog_looks_at_a_window_not_at_every_row_of_it(
+    amqp_url: str, pool: asyncpg.Pool, work_queue: str, publisher: ConfirmingPublisher
+) -> None:
+    sent = await backlog(pool, "order-7", 5_000, work_queue)
+    await enqueue(pool, "no-key", work_queue)  # due after the whole backlog
+    assert await poll_buffers(pool, "outbox_take_window", 10, None, 40) < 1_000
+    assert await poll_buffers(pool, "outbox_take", 10, None) > 10_000
+    relay = OutboxRelay(pool, amqp_url, batch_size=10)
+    # The window (4 rows a row of the batch) holds the key's head and rows it holds back:
+    # the poll takes the key's run, and the row due after the backlog waits its turn.
+    assert await relay.relay_once(publisher) == 10
+    assert await drain(amqp_url, work_queue) == sent[:10]
+
+
+async def test_a_window_of_rows_all_held_back_falls_back_to_every_due_row(
+    amqp_url: str, pool: asyncpg.Pool, work_queue: str, publisher: ConfirmingPublisher
+) -> None:
+    await enqueue(pool, "head", work_queue, ordering_key="order-7")
+    held = await backlog(pool, "order-7", 10, work_queue)
+    # Rows of a transaction that began before the head's (a long one): due before the head,
+    # so they fill the window, and all of them wait behind it.
+    await pool.execute(
+        "UPDATE rabbitretry.outbox SET next_try_at = now() - interval '1 hour'"
+        " WHERE message_id <> 'head'"
+    )
+    await enqueue(pool, "no-key", work_queue)
+    relay = OutboxRelay(pool, amqp_url, batch_size=2)  # a window of 8 rows
+    assert await relay.relay_once(publisher) == 3  # the head, one row of its run, no-key
+    assert sorted(await drain(amqp_url, work_queue)) == sorted(["head", held[0], "no-key"])
