@@ -25,7 +25,7 @@ from rabbitretry.outbox.scan import ScanFloor
 log = logging.getLogger("rabbitretry.outbox")
 
 NOTIFY_CHANNEL = "rabbitretry_outbox"
-WINDOW = 4  # due rows a poll looks at first, per row of its batch (outbox_take_window)
+WINDOW = 4  # due rows a poll looks at first, per row of its batch (outbox_window_heads)
 
 
 @dataclass
@@ -133,9 +133,11 @@ class OutboxRelay:
         """The heads to publish: from a window of the first due rows, or if it holds none
         (every row in it held back), from every due row."""
         window = WINDOW * self.batch_size
-        heads: list[Record] = await conn.fetch(
-            query("outbox_take_window"), self.batch_size, start, window
-        )
+        ids = await conn.fetch(query("outbox_window_heads"), self.batch_size, start, window)
+        heads: list[Record] = []
+        if ids:
+            locked = await conn.fetch(query("outbox_take_ids"), [row["id"] for row in ids])
+            heads = [row for row in locked if row["status"] == "pending"]
         if not heads:
             heads = await conn.fetch(query("outbox_take"), self.batch_size, start)
         return heads

@@ -32,29 +32,43 @@ ORDER BY o.next_try_at, o.id
 LIMIT $1
 FOR UPDATE SKIP LOCKED;
 
--- name: outbox_take_window
--- outbox_take among the first $3 due rows only (in due order, from $2 on). Behind a key with
--- a backlog, outbox_take checks every pending row of that key at every poll (20,000 pending
--- rows of one key: 20,000 index lookups a poll), as only one of them is its head; the runs
--- taken behind the heads found here fill the batch. When it finds nothing (every row in
--- the window held back, say behind a head that backs off), the relay runs outbox_take.
-SELECT id, exchange, routing_key, message_id, payload, headers, content_type, tries,
-       next_try_at, ordering_key
-FROM rabbitretry.outbox o
-WHERE o.id IN (
-        SELECT w.id FROM rabbitretry.outbox w
-        WHERE w.status = 'pending' AND w.next_try_at <= now()
-          AND w.next_try_at >= coalesce($2::timestamptz, '-infinity')
-        ORDER BY w.next_try_at, w.id
-        LIMIT $3)
-  AND o.status = 'pending' AND o.next_try_at <= now()
-  AND (o.ordering_key IS NULL OR (
+-- name: outbox_window_heads
+-- The ids of the heads (as outbox_take) among the first $3 due rows only, in due order from
+-- $2 on, at most $1; outbox_take_ids then locks them. Behind a key with a backlog,
+-- outbox_take checks every pending row of that key at every poll (20,000 pending rows of
+-- one key: 20,000 index lookups a poll), as only one of them is its head; the runs taken
+-- behind the heads found here fill the batch. When it finds nothing (every row in the window
+-- held back, say behind a head that backs off), the relay runs outbox_take. The window is a
+-- subquery with a LIMIT, which the planner keeps as it is: the check of a row's head runs on
+-- the window's rows alone, whatever the statistics say.
+SELECT id
+FROM (
+    SELECT w.id, w.ordering_key, w.next_try_at FROM rabbitretry.outbox w
+    WHERE w.status = 'pending' AND w.next_try_at <= now()
+      AND w.next_try_at >= coalesce($2::timestamptz, '-infinity')
+    ORDER BY w.next_try_at, w.id
+    LIMIT $3
+) o
+WHERE o.ordering_key IS NULL OR (
         SELECT max(older.id) FROM rabbitretry.outbox older
         WHERE older.ordering_key = o.ordering_key AND older.status = 'pending'
-          AND older.id < o.id) IS NULL)
+          AND older.id < o.id) IS NULL
 ORDER BY o.next_try_at, o.id
-LIMIT $1
-FOR UPDATE SKIP LOCKED;
+LIMIT $1;
+
+-- name: outbox_take_ids
+-- The rows of outbox_window_heads, locked for this relay (one another relay holds is
+-- skipped), with their status: the relay takes those still pending. Each is looked up by
+-- its key on its own (a subquery that locks is planned as it is written), whatever the
+-- planner's statistics say: on an outbox not analyzed since a backlog came, a test of the
+-- status, or of all the keys at once, was planned as a walk of every pending row.
+SELECT o.id, o.exchange, o.routing_key, o.message_id, o.payload, o.headers, o.content_type,
+       o.tries, o.next_try_at, o.ordering_key, o.status
+FROM unnest($1::bigint[]) AS head(id)
+CROSS JOIN LATERAL (
+    SELECT * FROM rabbitretry.outbox o WHERE o.id = head.id FOR UPDATE SKIP LOCKED
+) o
+ORDER BY o.next_try_at, o.id;
 
 -- name: outbox_take_followers
 -- The pending rows that follow each head row taken ($1: their ordering keys, $2: their ids),

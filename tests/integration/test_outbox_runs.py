@@ -164,7 +164,7 @@ async def test_a_poll_behind_a_keys_backlog_looks_at_a_window_not_at_every_row_o
 ) -> None:
     sent = await backlog(pool, "order-7", 5_000, work_queue)
     await enqueue(pool, "no-key", work_queue)  # due after the whole backlog
-    assert await poll_buffers(pool, "outbox_take_window", 10, None, 40) < 1_000
+    assert await poll_buffers(pool, "outbox_window_heads", 10, None, 40) < 1_000
     assert await poll_buffers(pool, "outbox_take", 10, None) > 10_000
     relay = OutboxRelay(pool, amqp_url, batch_size=10)
     # The window (4 rows a row of the batch) holds the key's head and rows it holds back:
