@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from rabbitretry import Consumer, amqp, topology_of
-from rabbitretry.topology import Topology
+from rabbitretry import Consumer, WorkQueue, amqp, topology_of
+from rabbitretry.topology import Exchange, Topology, declare
 from tests.proxy import Proxy
 
 
@@ -68,6 +68,38 @@ async def broker_cleanup(amqp_url: str) -> AsyncIterator[BrokerCleanup]:
         await cleanup.delete_all(connection)
     finally:
         await connection.close()
+
+
+@pytest.fixture
+async def work_queue(
+    queue_name: str, amqp_connection: amqp.Connection, broker_cleanup: BrokerCleanup
+) -> str:
+    """A plain work queue of this test's own, declared (reached through the default
+    exchange): its name."""
+    topology = broker_cleanup.topology(Topology(queues=[WorkQueue(name=queue_name)]))
+    await declare(amqp_connection, topology)
+    return queue_name
+
+
+@pytest.fixture
+async def unbound_exchange(
+    queue_name: str, amqp_connection: amqp.Connection, broker_cleanup: BrokerCleanup
+) -> str:
+    """A direct exchange of this test's own that no queue is bound to: a mandatory publish
+    to it comes back unroutable. Its name."""
+    name = f"{queue_name}.nowhere"
+    await declare(
+        amqp_connection, broker_cleanup.topology(Topology(exchanges=[Exchange(name=name)]))
+    )
+    return name
+
+
+@pytest.fixture
+async def publisher(amqp_url: str) -> AsyncIterator[amqp.ConfirmingPublisher]:
+    """A confirming publisher on a connection of this test's own."""
+    connection = await amqp.connect(amqp_url)
+    yield await amqp.ConfirmingPublisher.open(connection)
+    await connection.close()
 
 
 @pytest.fixture

@@ -8,24 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
 
 import pytest
 
 from rabbitretry import Topology, WorkQueue
-from rabbitretry.amqp import ConfirmingPublisher, Connection, connect
+from rabbitretry.amqp import ConfirmingPublisher, Connection
 from rabbitretry.topology import Exchange, declare
 from tests.integration.conftest import BrokerCleanup
 from tests.integration.test_outbox_unpublishable import drain
 
 pytestmark = pytest.mark.asyncio
-
-
-@pytest.fixture
-async def publisher(amqp_url: str) -> AsyncIterator[ConfirmingPublisher]:
-    connection = await connect(amqp_url)
-    yield await ConfirmingPublisher.open(connection)
-    await connection.close()
 
 
 async def publish_all(

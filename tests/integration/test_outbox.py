@@ -14,12 +14,12 @@ import asyncpg
 import pytest
 
 from examples import shop
-from rabbitretry import Consumer, Topology, UnroutableError, WorkQueue, topology_of
-from rabbitretry.amqp import ConfirmingPublisher, Connection, connect
+from rabbitretry import Consumer, UnroutableError, topology_of
+from rabbitretry.amqp import ConfirmingPublisher, Connection
 from rabbitretry.db import query
 from rabbitretry.outbox import Outbox, OutboxRelay, ScanFloor
 from rabbitretry.publisher import Publisher
-from rabbitretry.topology import Binding, Exchange, declare
+from rabbitretry.topology import Binding, declare
 from tests.integration.conftest import BrokerCleanup
 from tests.integration.harness import queue_depth, running_worker, wait_for
 from tests.proxy import Proxy
@@ -31,16 +31,6 @@ pytestmark = pytest.mark.asyncio
 async def shop_db(pool: asyncpg.Pool) -> asyncpg.Pool:
     await pool.execute(shop.SCHEMA)
     return pool
-
-
-@pytest.fixture
-async def work_queue(
-    queue_name: str, amqp_connection: Connection, broker_cleanup: BrokerCleanup
-) -> str:
-    """A plain work queue of this test's own, declared: its name."""
-    topology = broker_cleanup.topology(Topology(queues=[WorkQueue(name=queue_name)]))
-    await declare(amqp_connection, topology)
-    return queue_name
 
 
 @pytest.fixture
@@ -200,15 +190,10 @@ async def test_relay_dying_after_publish_duplicate_is_dropped_by_the_ledger(
 async def test_unroutable_destination_raises_and_fails_the_row(
     amqp_url: str,
     shop_db: asyncpg.Pool,
-    queue_name: str,
     publisher: ConfirmingPublisher,
-    amqp_connection: Connection,
-    broker_cleanup: BrokerCleanup,
+    unbound_exchange: str,
 ) -> None:
-    exchange = f"{queue_name}.nowhere"
-    await declare(
-        amqp_connection, broker_cleanup.topology(Topology(exchanges=[Exchange(name=exchange)]))
-    )
+    exchange = unbound_exchange
     async with Publisher(amqp_url) as public:
         with pytest.raises(UnroutableError, match="no queue is bound"):
             await public.publish(exchange, {"x": 1}, routing_key="no.such.key", message_id="x-1")
@@ -403,13 +388,6 @@ async def _ready(relay: OutboxRelay, task: asyncio.Task[None]) -> bool:
 
 async def _eq(value: Any, expected: Any) -> bool:
     return bool(await value == expected)
-
-
-@pytest.fixture
-async def publisher(amqp_url: str) -> AsyncIterator[ConfirmingPublisher]:
-    connection = await connect(amqp_url)
-    yield await ConfirmingPublisher.open(connection)
-    await connection.close()
 
 
 async def _drain(amqp_url: str, queue: str) -> list[dict[str, Any]]:

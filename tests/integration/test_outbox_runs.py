@@ -8,36 +8,16 @@ about 90 rows a second, each poll walking the rest of the key's rows.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
 
-from rabbitretry import OutboxRelay, Topology, WorkQueue
-from rabbitretry.amqp import ConfirmingPublisher, Connection, connect
+from rabbitretry import OutboxRelay
+from rabbitretry.amqp import ConfirmingPublisher
 from rabbitretry.db import query
-from rabbitretry.topology import Exchange, declare
-from tests.integration.conftest import BrokerCleanup
 from tests.integration.test_outbox_unpublishable import LONG_ID, drain, enqueue, rows_by_id
 
 pytestmark = pytest.mark.asyncio
-
-
-@pytest.fixture
-async def publisher(amqp_url: str) -> AsyncIterator[ConfirmingPublisher]:
-    connection = await connect(amqp_url)
-    yield await ConfirmingPublisher.open(connection)
-    await connection.close()
-
-
-@pytest.fixture
-async def work_queue(
-    queue_name: str, amqp_connection: Connection, broker_cleanup: BrokerCleanup
-) -> str:
-    await declare(
-        amqp_connection, broker_cleanup.topology(Topology(queues=[WorkQueue(name=queue_name)]))
-    )
-    return queue_name
 
 
 async def backlog(pool: asyncpg.Pool, key: str, count: int, queue: str) -> list[str]:
@@ -88,13 +68,9 @@ async def test_a_row_refused_mid_run_ends_it_and_the_rows_after_it_wait_untried(
     pool: asyncpg.Pool,
     work_queue: str,
     publisher: ConfirmingPublisher,
-    amqp_connection: Connection,
-    broker_cleanup: BrokerCleanup,
+    unbound_exchange: str,
 ) -> None:
-    nowhere = f"{work_queue}.nowhere"
-    await declare(
-        amqp_connection, broker_cleanup.topology(Topology(exchanges=[Exchange(name=nowhere)]))
-    )
+    nowhere = unbound_exchange
     await enqueue(pool, "shipped", work_queue, ordering_key="order-7")
     await enqueue(pool, "unroutable", "no.queue", exchange=nowhere, ordering_key="order-7")
     await enqueue(pool, "delivered", work_queue, ordering_key="order-7")

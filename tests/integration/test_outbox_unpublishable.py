@@ -23,7 +23,7 @@ import aio_pika
 import asyncpg
 import pytest
 
-from rabbitretry import Outbox, OutboxRelay, Topology, WorkQueue
+from rabbitretry import Outbox, OutboxRelay, Topology
 from rabbitretry.amqp import ConfirmingPublisher, Connection, connect
 from rabbitretry.monitoring import heartbeat
 from rabbitretry.reconcile.expected import Expected, Reconciliation
@@ -36,24 +36,6 @@ pytestmark = pytest.mark.asyncio
 
 LONG_ID = "x" * 300
 LONG_ID_REASON = "message_id is 300 bytes; AMQP allows at most 255"
-
-
-@pytest.fixture
-async def publisher(amqp_url: str) -> AsyncIterator[ConfirmingPublisher]:
-    connection = await connect(amqp_url)
-    yield await ConfirmingPublisher.open(connection)
-    await connection.close()
-
-
-@pytest.fixture
-async def work_queue(
-    queue_name: str, amqp_connection: Connection, broker_cleanup: BrokerCleanup
-) -> str:
-    """A declared queue of this test's own, reached through the default exchange."""
-    await declare(
-        amqp_connection, broker_cleanup.topology(Topology(queues=[WorkQueue(name=queue_name)]))
-    )
-    return queue_name
 
 
 async def enqueue(
@@ -177,15 +159,11 @@ async def test_rows_sharing_a_message_id_are_told_apart_when_one_is_returned_unr
     pool: asyncpg.Pool,
     work_queue: str,
     publisher: ConfirmingPublisher,
-    amqp_connection: Connection,
-    broker_cleanup: BrokerCleanup,
+    unbound_exchange: str,
 ) -> None:
     """aiormq matches a basic.return to its publish by message_id: two such publishes in flight
     at once on one channel would swap their outcomes (the returned one marked sent)."""
-    nowhere = f"{work_queue}.nowhere"
-    await declare(
-        amqp_connection, broker_cleanup.topology(Topology(exchanges=[Exchange(name=nowhere)]))
-    )
+    nowhere = unbound_exchange
     # Both orders: the unroutable row first, then the routable one first.
     await enqueue(pool, "same-1", "no.queue", exchange=nowhere)
     await enqueue(pool, "same-1", work_queue)

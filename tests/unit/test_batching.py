@@ -62,6 +62,15 @@ class Recorder:
         return 2 * request
 
 
+class BrokenPool:
+    """A pool whose database is down: it cannot give a connection."""
+
+    @contextlib.asynccontextmanager
+    async def acquire(self, timeout: float | None = None) -> AsyncIterator[str]:
+        raise OSError("database is down")
+        yield "never"
+
+
 def group_of(
     recorder: Recorder, pool: FakePool, max_group: int = 256, writers: int = 1
 ) -> CommitGroup[int, int]:
@@ -172,12 +181,6 @@ async def test_a_cancelled_caller_does_not_disturb_the_others() -> None:
 
 
 async def test_a_pool_that_cannot_give_a_connection_fails_every_waiting_write() -> None:
-    class BrokenPool:
-        @contextlib.asynccontextmanager
-        async def acquire(self, timeout: float | None = None) -> AsyncIterator[str]:
-            raise OSError("database is down")
-            yield "never"
-
     recorder = Recorder()
     group: CommitGroup[int, int] = CommitGroup(
         Lane(BrokenPool()),  # type: ignore[arg-type]
@@ -223,12 +226,6 @@ async def test_a_lane_writes_each_groups_waiting_writes_as_that_groups_own_state
 
 
 async def test_a_writer_that_fails_fails_the_waiting_writes_of_every_group_of_its_lane() -> None:
-    class BrokenPool:
-        @contextlib.asynccontextmanager
-        async def acquire(self, timeout: float | None = None) -> AsyncIterator[str]:
-            raise OSError("database is down")
-            yield "never"
-
     recorder = Recorder()
     lane = Lane(BrokenPool())  # type: ignore[arg-type]
     groups = [CommitGroup(lane, recorder.run_group, recorder.run_one) for _ in range(2)]
