@@ -13,47 +13,27 @@ import argparse
 import asyncio
 import time
 
-from bench.services import (
-    AMQP_URL,
-    declare_plain_queue,
-    delete_queues,
-    random_name,
-    scratch_database,
-    wait_until,
-)
-from rabbitretry import amqp, db
+from bench.outbox_relay import running, scratch_outbox
+from bench.services import AMQP_URL, wait_until
 from rabbitretry.outbox import OutboxRelay
 
 
 async def relay_rate(rows: int, ordering_key: str | None) -> float:
     """Rows a second one relay publishes of ``rows`` pending rows of ``ordering_key``."""
-    async with scratch_database() as url:
-        pool = await db.create_pool(url, min_size=1, max_size=4)
-        connection = await amqp.connect(AMQP_URL, name="rabbitretry-bench")
-        queue = random_name("outbox")
-        try:
-            await declare_plain_queue(connection, queue)
-            await pool.execute(
-                "INSERT INTO rabbitretry.outbox (exchange, routing_key, message_id, payload,"
-                " ordering_key) SELECT '', $1, 'm-' || n, '{}', $3"
-                " FROM generate_series(1, $2) AS n",
-                queue,
-                rows,
-                ordering_key,
-            )
-            relay = OutboxRelay(pool, AMQP_URL)
-            started = time.monotonic()
-            task = asyncio.create_task(relay.run())
-            try:
-                await wait_until(lambda: relay.stats.sent == rows or task.done(), timeout=1800)
-                return rows / (time.monotonic() - started)
-            finally:
-                relay.stop()
-                await task
-        finally:
-            await delete_queues(connection, [queue])
-            await connection.close()
-            await pool.close()
+    async with scratch_outbox() as (pool, queue):
+        await pool.execute(
+            "INSERT INTO rabbitretry.outbox (exchange, routing_key, message_id, payload,"
+            " ordering_key) SELECT '', $1, 'm-' || n, '{}', $3"
+            " FROM generate_series(1, $2) AS n",
+            queue,
+            rows,
+            ordering_key,
+        )
+        relay = OutboxRelay(pool, AMQP_URL)
+        started = time.monotonic()
+        async with running(relay) as task:
+            await wait_until(lambda: relay.stats.sent == rows or task.done(), timeout=1800)
+            return rows / (time.monotonic() - started)
 
 
 async def main(backlogs: list[int]) -> None:

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 import asyncpg
 
@@ -70,36 +72,50 @@ async def index_reads(pool: asyncpg.Pool) -> tuple[int, int]:
     return int(row["pages"]), int(row["scans"])
 
 
-async def run(sent: int, rows: int, scan: ScanFloor) -> tuple[float, float]:
-    """(rows relayed a second, index pages read a poll) on a fresh outbox with ``sent`` rows."""
+@contextlib.asynccontextmanager
+async def scratch_outbox() -> AsyncIterator[tuple[asyncpg.Pool, str]]:
+    """A pool on a scratch ledger database and a plain queue of its own, for outbox rows."""
     async with scratch_database() as url:
         pool = await db.create_pool(url, min_size=1, max_size=4)
         connection = await amqp.connect(AMQP_URL, name="rabbitretry-bench")
         queue = random_name("outbox")
         try:
             await declare_plain_queue(connection, queue)
-            await fill_sent(pool, queue, sent)
-            relay = OutboxRelay(pool, AMQP_URL, scan=scan)
-            task = asyncio.create_task(relay.run())
-            try:
-                await wait_until(lambda: relay.ready or task.done(), timeout=30)
-                # The first poll, which marks the index's dead entries as such.
-                await produce(pool, queue, 1)
-                await wait_until(lambda: relay.stats.sent == 1 or task.done(), timeout=120)
-                pages, scans = await index_reads(pool)
-                started = time.monotonic()
-                await produce(pool, queue, rows)
-                await wait_until(lambda: relay.stats.sent == rows + 1 or task.done(), timeout=600)
-                elapsed = time.monotonic() - started
-            finally:
-                relay.stop()
-                await task
-            pages_after, scans_after = await index_reads(pool)
-            return rows / elapsed, (pages_after - pages) / max(1, scans_after - scans)
+            yield pool, queue
         finally:
             await delete_queues(connection, [queue])
             await connection.close()
             await pool.close()
+
+
+@contextlib.asynccontextmanager
+async def running(relay: OutboxRelay) -> AsyncIterator[asyncio.Task[None]]:
+    """``relay`` running until the block ends: its task."""
+    task = asyncio.create_task(relay.run())
+    try:
+        yield task
+    finally:
+        relay.stop()
+        await task
+
+
+async def run(sent: int, rows: int, scan: ScanFloor) -> tuple[float, float]:
+    """(rows relayed a second, index pages read a poll) on a fresh outbox with ``sent`` rows."""
+    async with scratch_outbox() as (pool, queue):
+        await fill_sent(pool, queue, sent)
+        relay = OutboxRelay(pool, AMQP_URL, scan=scan)
+        async with running(relay) as task:
+            await wait_until(lambda: relay.ready or task.done(), timeout=30)
+            # The first poll, which marks the index's dead entries as such.
+            await produce(pool, queue, 1)
+            await wait_until(lambda: relay.stats.sent == 1 or task.done(), timeout=120)
+            pages, scans = await index_reads(pool)
+            started = time.monotonic()
+            await produce(pool, queue, rows)
+            await wait_until(lambda: relay.stats.sent == rows + 1 or task.done(), timeout=600)
+            elapsed = time.monotonic() - started
+        pages_after, scans_after = await index_reads(pool)
+        return rows / elapsed, (pages_after - pages) / max(1, scans_after - scans)
 
 
 async def main(sent: int, rows: int) -> None:
