@@ -306,7 +306,9 @@ async def _claim_one(conn: Connection, r: ClaimRequest) -> Claim:
 
 
 async def _claim_group(conn: Connection, requests: Sequence[ClaimRequest]) -> list[Claim]:
-    # Sorted by key, so that two groups lock the same rows in the same order.
+    # Sorted by key, so that two groups lock the same rows in the same order. The keys new to
+    # the ledger are inserted without ON CONFLICT (migration 0022): one that another
+    # transaction inserted meanwhile fails the group, whose claims are then made one by one.
     order = sorted(range(len(requests)), key=lambda i: _key_order(requests[i].key))
     rs = [requests[i] for i in order]
     rows = await conn.fetch(

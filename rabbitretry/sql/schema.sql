@@ -1,5 +1,5 @@
 -- The ledger database of rabbitretry, whole: every table, index, constraint, function and
--- trigger of the schema `rabbitretry` as the migrations 0001 to 0021 leave it, in one file to
+-- trigger of the schema `rabbitretry` as the migrations 0001 to 0022 leave it, in one file to
 -- read (what is stored, and why) and to build an empty database from in one step:
 --
 --     psql --single-transaction -f rabbitretry/sql/schema.sql "$RABBITRETRY_DATABASE_URL"
@@ -401,6 +401,8 @@ $$;
 -- their bodies keep one generic plan per session whatever the size of the group: a custom
 -- plan counts the arrays' elements and, under 10 of them, looks cheaper than the generic plan
 -- every time, so the statement was planned again at each execution (migration 0021).
+-- claim_many inserts the keys new to the ledger with one plain INSERT, not through `claim`'s
+-- speculative insert (migration 0022 says why); a key inserted meanwhile elsewhere fails it.
 CREATE FUNCTION rabbitretry.claim_many(
     p_queues text[], p_message_ids text[], p_max_attempts integer[],
     p_lease_seconds double precision[], p_workers text[], p_copy_attempts integer[],
@@ -409,9 +411,44 @@ CREATE FUNCTION rabbitretry.claim_many(
 ) RETURNS TABLE (ord bigint, verdict text, attempt integer, budget_attempt integer,
                  wait_seconds double precision, status text)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    inserted bigint[];  -- the claims whose key this group inserted
 BEGIN
-    -- Claimed in the order given: callers sort by key, so that two groups lock rows in the
-    -- same order.
+    WITH i AS (
+        SELECT * FROM unnest(p_queues, p_message_ids, p_max_attempts, p_lease_seconds,
+                             p_workers, p_payloads, p_headers, p_properties, p_exchanges,
+                             p_routing_keys)
+             WITH ORDINALITY AS i(queue, message_id, max_attempts, lease_seconds, worker,
+                                  payload, headers, properties, exchange, routing_key, ord)
+    ), new_rows AS (
+        INSERT INTO rabbitretry.ledger AS l (queue, message_id, status, attempts,
+                                             max_attempts, lease_until, payload, headers,
+                                             properties, exchange, routing_key, worker,
+                                             attempt_started_at)
+        SELECT DISTINCT ON (i.queue, i.message_id)
+               i.queue, i.message_id, 'processing', 1, i.max_attempts,
+               clock_timestamp() + make_interval(secs => i.lease_seconds), i.payload,
+               i.headers, i.properties, i.exchange, i.routing_key, i.worker, now()
+        FROM i
+        -- Each key looked up on its own (a scalar subquery runs as written): as NOT EXISTS,
+        -- the plan kept for the session could join the whole ledger.
+        WHERE (SELECT 1 FROM rabbitretry.ledger e
+               WHERE e.queue = i.queue AND e.message_id = i.message_id) IS NULL
+          AND (SELECT 1 FROM rabbitretry.succeeded_key s
+               WHERE s.key_hash = rabbitretry.key_hash(i.queue, i.message_id)) IS NULL
+        ORDER BY i.queue, i.message_id, i.ord
+        RETURNING l.queue, l.message_id
+    )
+    SELECT array_agg(first.ord) INTO inserted
+    FROM (SELECT min(i.ord) AS ord FROM i JOIN new_rows n USING (queue, message_id)
+          GROUP BY i.queue, i.message_id) first;
+
+    RETURN QUERY
+    SELECT n.ord, 'claimed'::text, 1, 1, 0::float8, 'processing'::text
+    FROM unnest(inserted) AS n(ord);
+
+    -- The others claimed in the order given: callers sort by key, so that two groups lock
+    -- rows in the same order.
     RETURN QUERY
     SELECT i.ord, c.verdict, c.attempt, c.budget_attempt, c.wait_seconds, c.status
     FROM unnest(p_queues, p_message_ids, p_max_attempts, p_lease_seconds, p_workers,
@@ -423,7 +460,8 @@ BEGIN
     CROSS JOIN LATERAL rabbitretry.claim(i.queue, i.message_id, i.max_attempts,
                                          i.lease_seconds, i.worker, i.copy_attempts,
                                          i.payload, i.headers, i.properties, i.exchange,
-                                         i.routing_key) AS c;
+                                         i.routing_key) AS c
+    WHERE i.ord <> ALL (coalesce(inserted, '{}'));
 END;
 $$;
 
@@ -953,7 +991,7 @@ CREATE TRIGGER ledger_recover_on_dead
 -- Migrations ---------------------------------------------------------------------------------
 
 -- The migrations applied (rabbitretry.db.migrate writes a row per migration); these rows say
--- that this schema stands for migrations 0001 to 0021.
+-- that this schema stands for migrations 0001 to 0022.
 CREATE TABLE rabbitretry.schema_migration (
     version     integer     PRIMARY KEY,
     name        text        NOT NULL,
@@ -980,4 +1018,5 @@ INSERT INTO rabbitretry.schema_migration (version, name) VALUES
     (18, 'one_row_per_attempt'),
     (19, 'compacted_succeeded_keys'),
     (20, 'key_lookups_by_key'),
-    (21, 'group_writes_planned_once');
+    (21, 'group_writes_planned_once'),
+    (22, 'new_keys_inserted_plainly');

@@ -12,7 +12,7 @@ from rabbitretry import Consumer, Context
 from rabbitretry.db import query
 from rabbitretry.ledger import Key, Snapshot
 from rabbitretry.ledger.commits import ClaimRequest, LedgerCommits, Success
-from tests.integration.harness import publish, running_worker, wait_for
+from tests.integration.harness import lock_waited_by, publish, running_worker, wait_for
 
 pytestmark = pytest.mark.asyncio
 
@@ -112,6 +112,37 @@ async def test_only_successful_claims_skip_the_wait_for_their_flush(pool: asyncp
         many = query("batching_claim_many")
         assert await commit_mode_after(conn, many, *many_claim_args(["y", "z"])) == "off"
         assert await commit_mode_after(conn, many, *many_claim_args(["w", "x"])) == "on"
+
+
+async def test_a_key_inserted_meanwhile_fails_a_group_of_new_keys(pool: asyncpg.Pool) -> None:
+    # New keys go in with a plain INSERT, not a speculative one (migration 0022): a key
+    # another transaction inserted first fails the group once that transaction commits.
+    async with pool.acquire() as conn, pool.acquire() as other:
+        async with other.transaction():
+            await other.fetch(query("batching_claim"), *one_claim_args("raced"))
+            grouped = asyncio.create_task(
+                conn.fetch(query("batching_claim_many"), *many_claim_args(["calm", "raced"]))
+            )
+            await wait_for(lock_waited_by(pool, "rabbitretry.claim_many("), timeout=10)
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await grouped
+    # Nothing of the failed group stayed.
+    assert await pool.fetchval("SELECT count(*) FROM rabbitretry.ledger") == 1
+
+
+async def test_claims_that_lose_the_insert_of_their_key_meet_the_winners_row(
+    pool: asyncpg.Pool,
+) -> None:
+    commits = LedgerCommits(pool)
+    async with pool.acquire() as other:
+        async with other.transaction():
+            await other.fetch(query("batching_claim"), *one_claim_args("raced"))
+            claiming = [commits.claims.enqueue(claim_request(i)) for i in ("raced", "calm")]
+            await wait_for(lock_waited_by(pool, "rabbitretry.claim"), timeout=10)
+        claims = await asyncio.gather(*claiming)
+    # Claimed again one by one through `claim`, which finds the other transaction's lease:
+    # the copy is parked, not taken for content the ledger refuses (a unique violation is).
+    assert [(c.verdict, c.attempt) for c in claims] == [("busy", 1), ("claimed", 1)]
 
 
 async def test_a_group_statement_is_planned_once_whatever_its_size(pool: asyncpg.Pool) -> None:

@@ -91,9 +91,30 @@ GROUPED = ["batching_succeeded_many", "batching_started_many"]
 async def test_a_group_statement_looks_its_keys_up_by_key(pool: asyncpg.Pool, name: str) -> None:
     # PostgreSQL's auto_explain reports the plan of each statement a function runs, as a log
     # message that the session is sent.
-    plans: list[str] = []
     async with pool.acquire() as conn:
         await live_ledger(conn)
+    plans = await nested_plans(pool, name)
+    updates = [plan for plan in plans if "Update on ledger" in plan]
+    assert len(updates) == 1, plans
+    assert_by_key(updates[0])
+
+
+async def test_a_group_of_claims_looks_each_new_key_up_by_key(pool: asyncpg.Pool) -> None:
+    # claim_many's insert of new keys checks each key's row and compacted hash (migration
+    # 0022). Its plan is kept for the session, and a session that starts on an empty ledger
+    # planned NOT EXISTS as a join with a scan of every row, kept as the ledger grew.
+    plans = await nested_plans(pool, "batching_claim_many")
+    inserts = [plan for plan in plans if "Insert on ledger" in plan]
+    assert len(inserts) == 1, plans
+    assert "Seq Scan" not in inserts[0], inserts[0]
+    used = set(re.findall(r"(?:using|Bitmap Index Scan on) (\w+)", inserts[0]))
+    assert used == {"ledger_pkey", "succeeded_key_pkey"}, inserts[0]
+
+
+async def nested_plans(pool: asyncpg.Pool, name: str) -> list[str]:
+    """The plans of the statements the functions that statement ``name`` calls run."""
+    plans: list[str] = []
+    async with pool.acquire() as conn:
         parameters = (await conn.prepare(db.query(name))).get_parameters()
         arguments = ", ".join(argument(p.name) for p in parameters)
 
@@ -113,9 +134,7 @@ async def test_a_group_statement_looks_its_keys_up_by_key(pool: asyncpg.Pool, na
         finally:
             # The pool warns of a listener left on a connection it takes back.
             conn.remove_log_listener(listener)
-    updates = [plan for plan in plans if "Update on ledger" in plan]
-    assert len(updates) == 1, plans
-    assert_by_key(updates[0])
+    return plans
 
 
 async def live_ledger(conn: asyncpg.Connection) -> None:
