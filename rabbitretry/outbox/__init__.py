@@ -26,7 +26,12 @@ reason in ``last_error``, and the rest of its batch goes on as if it were not th
 
 from rabbitretry.outbox.enqueue import Outbox
 from rabbitretry.outbox.relay import OutboxRelay, RelayStats
-from rabbitretry.outbox.rows import fail_unpublishable, failed_try, publish_row
+from rabbitretry.outbox.rows import (
+    fail_unpublishable,
+    failed_try,
+    publish_row,
+    take_runs,
+)
 from rabbitretry.outbox.scan import ScanFloor
 
 __all__ = [
@@ -37,4 +42,5 @@ __all__ = [
     "fail_unpublishable",
     "failed_try",
     "publish_row",
+    "take_runs",
 ]

@@ -19,6 +19,7 @@ from rabbitretry.outbox.rows import (
     fail_unpublishable,
     failed_try,
     publish_run,
+    take_runs,
 )
 from rabbitretry.outbox.scan import ScanFloor
 
@@ -114,7 +115,7 @@ class OutboxRelay:
                 heads = await self._take(conn, start)
             self.scan.found([row["next_try_at"] for row in heads])
             async with db.answered(conn):
-                runs = await self._runs(conn, heads)
+                runs = await take_runs(conn, heads, self.batch_size)
             outcomes = await asyncio.gather(
                 *(publish_run(publisher, run, self.publish_timeout) for run in runs),
                 return_exceptions=True,
@@ -141,24 +142,6 @@ class OutboxRelay:
         if not heads:
             heads = await conn.fetch(query("outbox_take"), self.batch_size, start)
         return heads
-
-    async def _runs(self, conn: Connection, heads: list[Record]) -> list[list[Record]]:
-        """Each head row taken, followed by the rows of its ordering key it holds back (the
-        batch shared among the keys): a key with a backlog leaves a run a poll."""
-        runs = [[head] for head in heads]
-        keyed = {head["ordering_key"]: run for head, run in zip(heads, runs, strict=True)}
-        keyed.pop(None, None)
-        per_key = self.batch_size // max(1, len(keyed)) - 1
-        if keyed and per_key > 0:
-            followers = await conn.fetch(
-                query("outbox_take_followers"),
-                list(keyed),
-                [run[0]["id"] for run in keyed.values()],
-                per_key,
-            )
-            for row in followers:
-                keyed[row["ordering_key"]].append(row)
-        return runs
 
     async def _settle(
         self, conn: Connection, rows: list[Record], results: list[Exception | None]

@@ -37,6 +37,26 @@ async def publish_row(
     )
 
 
+async def take_runs(conn: Connection, heads: list[Record], batch_size: int) -> list[list[Record]]:
+    """Each head row taken, followed by the rows of its ordering key it holds back (locked,
+    due, in order; ``batch_size`` shared among the keys): a key with a backlog leaves a run
+    a pass rather than a row."""
+    runs = [[head] for head in heads]
+    keyed = {head["ordering_key"]: run for head, run in zip(heads, runs, strict=True)}
+    keyed.pop(None, None)
+    per_key = batch_size // max(1, len(keyed)) - 1
+    if keyed and per_key > 0:
+        followers = await conn.fetch(
+            query("outbox_take_followers"),
+            list(keyed),
+            [run[0]["id"] for run in keyed.values()],
+            per_key,
+        )
+        for row in followers:
+            keyed[row["ordering_key"]].append(row)
+    return runs
+
+
 async def publish_run(
     publisher: amqp.ConfirmingPublisher, run: Sequence[Record], timeout: float = 30.0
 ) -> list[Exception | None]:

@@ -1,6 +1,7 @@
 """Publishing outbox rows no relay published: still pending ``grace`` seconds after they were
 due (no relay is running, or it stalled). The rows are taken and locked as a relay takes them,
-so a relay and the reconciler never publish the same row."""
+so a relay and the reconciler never publish the same row; like a relay, a batch takes each
+ordering key's oldest row with the rows behind it, and publishes them in order."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import logging
 from rabbitretry import db
 from rabbitretry.db import Connection, Record, query
 from rabbitretry.errors import ConnectionLost, PublishError, PublishRefused, UnpublishableError
-from rabbitretry.outbox import fail_unpublishable, failed_try, publish_row
+from rabbitretry.outbox import fail_unpublishable, failed_try, publish_row, take_runs
 from rabbitretry.reconcile.run import Run
 
 log = logging.getLogger("rabbitretry.reconcile.reconciler")  # one logger for every step
@@ -28,52 +29,58 @@ async def publish_stuck_outbox(run: Run) -> int:
             db.answered_transaction(conn),
         ):
             async with db.answered(conn):
-                rows = await conn.fetch(query("reconcile_stuck_outbox"), run.grace, run.batch_size)
-            sent, lost = await _publish_outbox_rows(run, conn, rows)
+                heads = await conn.fetch(query("reconcile_stuck_outbox"), run.grace, run.batch_size)
+                key_runs = await take_runs(conn, heads, run.batch_size)
+            sent, lost = await _publish_outbox_runs(run, conn, key_runs)
             if sent:
                 async with db.answered(conn):
                     await conn.execute(query("outbox_sent"), sent)
         if lost is not None:
             raise lost  # every next publish would fail too; the confirmed rows stay sent
         published += len(sent)
-        if len(rows) < run.batch_size:
+        if len(heads) < run.batch_size:
             break
     return published
 
 
-async def _publish_outbox_rows(
-    run: Run, conn: Connection, rows: list[Record]
+async def _publish_outbox_runs(
+    run: Run, conn: Connection, key_runs: list[list[Record]]
 ) -> tuple[list[int], ConnectionLost | None]:
-    """Publish ``rows`` in turn: the ids confirmed, and the lost connection that cut the
-    batch short, if one did. A row that cannot be published never ends the run."""
+    """Publish each key's rows in turn: the ids confirmed, and the lost connection that cut
+    the batch short, if one did. A row that cannot be published fails alone; any other
+    failure ends its key's run, and the rows behind it wait, untried, for the next pass."""
     sent: list[int] = []
-    for row in rows:
-        await run.limiter.wait()
-        try:
-            await publish_row(run.publisher, row)
-        except ConnectionLost as error:
-            return sent, error
-        except UnpublishableError as error:
-            # No try can succeed: failed now, with the reason, as the relay does.
-            async with db.answered(conn):
-                await fail_unpublishable(conn, row, error)
-            run.report.errors.append(f"outbox row {row['id']} cannot be published: {error}")
-            continue
-        except PublishRefused as error:
-            # The broker refused this row: a counted try, as the relay counts one, so that a
-            # row no relay takes still ends failed after its tries.
-            async with db.answered(conn):
-                await failed_try(conn, row, str(error))
-            run.report.errors.append(f"outbox row {row['id']}: {error}")
-            continue
-        except PublishError as error:
-            # Left pending for the relay, whose backoff and give-up rules apply.
-            run.report.errors.append(f"outbox row {row['id']}: {error}")
-            continue
-        except Exception as error:
-            # A bug: left pending for the relay, and the run goes on to its other checks.
-            log.exception("publishing outbox row %s failed", row["id"])
-            run.report.errors.append(f"outbox row {row['id']}: {type(error).__name__}: {error}")
-            continue
-        sent.append(row["id"])
+    for key_run in key_runs:
+        for row in key_run:
+            await run.limiter.wait()
+            try:
+                await publish_row(run.publisher, row)
+            except ConnectionLost as error:
+                return sent, error
+            except UnpublishableError as error:
+                # No try can succeed: failed now, with the reason, as the relay does.
+                async with db.answered(conn):
+                    await fail_unpublishable(conn, row, error)
+                run.report.errors.append(f"outbox row {row['id']} cannot be published: {error}")
+                continue
+            except Exception as error:
+                await _not_published(run, conn, row, error)
+                break
+            sent.append(row["id"])
     return sent, None
+
+
+async def _not_published(run: Run, conn: Connection, row: Record, error: Exception) -> None:
+    if isinstance(error, PublishRefused):
+        # The broker refused this row: a counted try, as the relay counts one, so that a row
+        # no relay takes still ends failed after its tries.
+        async with db.answered(conn):
+            await failed_try(conn, row, str(error))
+        run.report.errors.append(f"outbox row {row['id']}: {error}")
+    elif isinstance(error, PublishError):
+        # Left pending for the relay, whose backoff and give-up rules apply.
+        run.report.errors.append(f"outbox row {row['id']}: {error}")
+    else:
+        # A bug: left pending for the relay, and the run goes on to its other checks.
+        log.error("publishing outbox row %s failed", row["id"], exc_info=error)
+        run.report.errors.append(f"outbox row {row['id']}: {type(error).__name__}: {error}")

@@ -494,6 +494,35 @@ async def test_a_failing_run_is_recorded_in_the_heartbeat(scene: Scene) -> None:
     assert beat.error.startswith("ServiceUnavailable: cannot connect to RabbitMQ")
 
 
+async def test_a_stuck_keys_backlog_leaves_in_one_batch_in_order_up_to_a_refused_row(
+    scene: Scene,
+) -> None:
+    """Rows of one ordering key that no relay published: a batch takes the key's oldest row
+    and the rows behind it, and publishes them in order; a row the broker refuses ends the
+    run, and the row behind it waits untried (one batch took one row of the key before)."""
+    await scene.consumer()
+    exchanges = ["", "", "", f"{scene.queue}.missing", ""]
+    async with scene.pool.acquire() as conn, conn.transaction():
+        for n, exchange in enumerate(exchanges, start=1):
+            routing_key = scene.queue if exchange == "" else "k"
+            await Outbox().enqueue(
+                conn, exchange, {"n": n}, routing_key=routing_key, message_id=f"k-{n}",
+                ordering_key="k",
+            )  # fmt: skip
+    await scene.pool.execute("UPDATE rabbitretry.outbox SET next_try_at = now() - interval '1 h'")
+
+    report = await scene.reconciler(max_batches=1).run_once()
+
+    assert report.outbox_published == 3
+    assert await scene.drain() == ["k-1", "k-2", "k-3"]
+    assert await scene.rows(
+        "SELECT message_id, status, tries FROM rabbitretry.outbox ORDER BY id"
+    ) == [
+        ("k-1", "sent", 1), ("k-2", "sent", 1), ("k-3", "sent", 1), ("k-4", "pending", 1),
+        ("k-5", "pending", 0),
+    ]  # fmt: skip
+
+
 async def test_a_failing_step_is_its_own_and_the_other_steps_still_run(scene: Scene) -> None:
     """A refused outbox row and an expectation hook with a bug: the run re-drives the lost
     retries, records the refusal, reports the failed step, and its heartbeat says so."""
