@@ -30,6 +30,7 @@ from rabbitretry.outbox.rows import (
     fail_unpublishable,
     failed_try,
     publish_row,
+    publish_run,
     take_runs,
 )
 from rabbitretry.outbox.scan import ScanFloor
@@ -42,5 +43,6 @@ __all__ = [
     "fail_unpublishable",
     "failed_try",
     "publish_row",
+    "publish_run",
     "take_runs",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from rabbitretry import amqp
 from rabbitretry.db import Connection, Record, query
@@ -58,10 +58,14 @@ async def take_runs(conn: Connection, heads: list[Record], batch_size: int) -> l
 
 
 async def publish_run(
-    publisher: amqp.ConfirmingPublisher, run: Sequence[Record], timeout: float = 30.0
+    publisher: amqp.ConfirmingPublisher,
+    run: Sequence[Record],
+    timeout: float = 30.0,
+    pace: Callable[[], Awaitable[None]] | None = None,
 ) -> list[Exception | None]:
     """Publish the rows of one ordering key in order, each once the one before it is
-    confirmed; the outcome of each row tried (None: confirmed).
+    confirmed (and ``pace`` let it go, if given); the outcome of each row tried (None:
+    confirmed).
 
     The first row not confirmed ends the run, and the rows after it stay pending, untried: it
     is tried again first, and none may overtake it. A row AMQP cannot carry does not end it,
@@ -69,6 +73,8 @@ async def publish_run(
     """
     outcomes: list[Exception | None] = []
     for row in run:
+        if pace is not None:
+            await pace()
         try:
             await publish_row(publisher, row, timeout)
         except UnpublishableError as error:

@@ -10,7 +10,7 @@ import logging
 from rabbitretry import db
 from rabbitretry.db import Connection, Record, query
 from rabbitretry.errors import ConnectionLost, PublishError, PublishRefused, UnpublishableError
-from rabbitretry.outbox import fail_unpublishable, failed_try, publish_row, take_runs
+from rabbitretry.outbox import fail_unpublishable, failed_try, publish_run, take_runs
 from rabbitretry.reconcile.run import Run
 
 log = logging.getLogger("rabbitretry.reconcile.reconciler")  # one logger for every step
@@ -51,27 +51,24 @@ async def _publish_outbox_runs(
     failure ends its key's run, and the rows behind it wait, untried, for the next pass."""
     sent: list[int] = []
     for key_run in key_runs:
-        for row in key_run:
-            await run.limiter.wait()
-            try:
-                await publish_row(run.publisher, row)
-            except ConnectionLost as error:
-                return sent, error
-            except UnpublishableError as error:
-                # No try can succeed: failed now, with the reason, as the relay does.
-                async with db.answered(conn):
-                    await fail_unpublishable(conn, row, error)
-                run.report.errors.append(f"outbox row {row['id']} cannot be published: {error}")
-                continue
-            except Exception as error:
-                await _not_published(run, conn, row, error)
-                break
-            sent.append(row["id"])
+        outcomes = await publish_run(run.publisher, key_run, pace=run.limiter.wait)
+        for row, outcome in zip(key_run[: len(outcomes)], outcomes, strict=True):
+            if outcome is None:
+                sent.append(row["id"])
+            elif isinstance(outcome, ConnectionLost):
+                return sent, outcome
+            else:
+                await _not_published(run, conn, row, outcome)
     return sent, None
 
 
 async def _not_published(run: Run, conn: Connection, row: Record, error: Exception) -> None:
-    if isinstance(error, PublishRefused):
+    if isinstance(error, UnpublishableError):
+        # No try can succeed: failed now, with the reason, as the relay does.
+        async with db.answered(conn):
+            await fail_unpublishable(conn, row, error)
+        run.report.errors.append(f"outbox row {row['id']} cannot be published: {error}")
+    elif isinstance(error, PublishRefused):
         # The broker refused this row: a counted try, as the relay counts one, so that a row
         # no relay takes still ends failed after its tries.
         async with db.answered(conn):

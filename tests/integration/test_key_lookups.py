@@ -89,8 +89,6 @@ GROUPED = ["batching_succeeded_many", "batching_started_many"]
 
 @pytest.mark.parametrize("name", GROUPED)
 async def test_a_group_statement_looks_its_keys_up_by_key(pool: asyncpg.Pool, name: str) -> None:
-    # PostgreSQL's auto_explain reports the plan of each statement a function runs, as a log
-    # message that the session is sent.
     async with pool.acquire() as conn:
         await live_ledger(conn)
     plans = await nested_plans(pool, name)
@@ -112,7 +110,8 @@ async def test_a_group_of_claims_looks_each_new_key_up_by_key(pool: asyncpg.Pool
 
 
 async def nested_plans(pool: asyncpg.Pool, name: str) -> list[str]:
-    """The plans of the statements the functions that statement ``name`` calls run."""
+    """The plans of the statements the functions that statement ``name`` calls run: PostgreSQL's
+    auto_explain reports each, as a log message that the session is sent."""
     plans: list[str] = []
     async with pool.acquire() as conn:
         parameters = (await conn.prepare(db.query(name))).get_parameters()
